@@ -1,0 +1,96 @@
+"""The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``prepare-data``, ``eval``,
+``sync``, ``export``, ``demo``. Heavy imports (torch, Ray) happen inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from rlhf_ops.config import ConfigError, RunConfig, dump_config, load_config
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    run = load_config(args.preset, args.overrides)
+    if args.plan:
+        from rlhf_ops.config import derive_batch_plan
+
+        print(json.dumps(derive_batch_plan(run).to_dict(), indent=2))
+    else:
+        print(dump_config(run), end="")
+    return 0
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(RunConfig.model_json_schema(), indent=2))
+    return 0
+
+
+def _config_presets(args: argparse.Namespace) -> int:
+    from rlhf_ops.config import list_presets
+
+    print("\n".join(list_presets()))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rlhf_ops.entrypoints.train import run_training
+
+    run_training(load_config(args.preset, args.overrides), ray_address=args.ray_address)
+    return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from rlhf_ops.storage import sync_run_dir
+
+    report = sync_run_dir(args.local_run_dir, args.remote_url)
+    print(report)
+    return 0
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="tiny-cpu", help="shipped preset name or YAML path")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_ctrl.kl_coef=0.02")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlhf", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    config = sub.add_parser("config", help="show, validate or describe the configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the resolved config (or its batch plan)")
+    show.add_argument("preset", help="shipped preset name or YAML path")
+    show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-6")
+    show.add_argument("--plan", action="store_true", help="print the derived batch plan instead")
+    show.set_defaults(func=_config_show)
+    config_sub.add_parser("schema", help="print the JSON Schema of the config").set_defaults(func=_config_schema)
+    config_sub.add_parser("presets", help="list shipped presets").set_defaults(func=_config_presets)
+
+    train = sub.add_parser("train", help="run PPO/GRPO training (Ray job entrypoint)")
+    _add_config_args(train)
+    train.add_argument("--ray-address", default=None, help="Ray address; default: local cluster")
+    train.set_defaults(func=_train)
+
+    sync = sub.add_parser("sync", help="upload every complete checkpoint of a run folder")
+    sync.add_argument("local_run_dir")
+    sync.add_argument("remote_url")
+    sync.set_defaults(func=_sync)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

