@@ -1,0 +1,74 @@
+"""Pure-torch RL algorithms: advantage estimators, KL, policy / value losses, aggregation, entropy.
+
+Shape notation: B: batch size, T: response length, V: vocab size. Imports torch only (no Ray, vLLM or
+transformers), so the driver and the workers share one implementation. Names and numerics follow verl's
+``trainer/ppo/core_algos.py`` so recipes port unchanged.
+"""
+
+from __future__ import annotations
+
+from rlhf_ops.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageFn,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    is_group_estimator,
+    needs_critic,
+)
+from rlhf_ops.algorithms.kl import (
+    KL_PENALTY_NAMES,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    apply_kl_penalty,
+    kl_penalty,
+)
+from rlhf_ops.algorithms.logits import entropy_from_logits, logprobs_from_logits
+from rlhf_ops.algorithms.losses import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    PolicyLossFn,
+    agg_loss,
+    compute_entropy_loss,
+    compute_policy_loss,
+    compute_policy_loss_gspo,
+    compute_value_loss,
+)
+from rlhf_ops.algorithms.stats import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_PENALTY_NAMES",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageFn",
+    "FixedKLController",
+    "KLController",
+    "PolicyLossFn",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_policy_loss",
+    "compute_policy_loss_gspo",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "is_group_estimator",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "needs_critic",
+]

@@ -1,0 +1,278 @@
+"""Advantage estimators with verl-compatible names, signatures and numerics.
+
+Shape notation: B: batch size (all samples, n per prompt), T: response length, G: number of groups
+(prompts). Every estimator returns ``(advantages, returns)``, both (B, T) and computed without grad.
+Outcome estimators (GRPO, RLOO, REINFORCE++-baseline) reduce the token rewards to one score per
+sequence (their sum over T) and compare it with the other samples of the same prompt, named by
+``index`` (the ``uid`` column: one hashable group id per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlhf_ops.algorithms.stats import masked_whiten
+
+AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
+
+
+@torch.no_grad()
+def compute_gae_advantage_return(
+    token_level_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float,
+    lam: float,
+    *,
+    whiten: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2015) as verl computes it.
+
+    Walks the response backwards; on masked tokens (observation or padding) the TD error is skipped and
+    the running value and GAE carry over unchanged. ``returns = advantages + values`` is computed before
+    whitening; the advantages are then whitened over the mask (verl default).
+
+    Args:
+        token_level_rewards: (B, T) reward per token (usually the score on the last token minus KL).
+        values: (B, T) critic values.
+        response_mask: (B, T) 1 on response tokens.
+        gamma: Discount factor.
+        lam: GAE lambda.
+        whiten: Whiten the advantages over the mask (verl always does); False returns the raw GAE.
+
+    Returns:
+        ``(advantages, returns)``, both (B, T).
+    """
+    mask = response_mask.to(values.dtype)
+    next_values = torch.zeros_like(values[:, 0])
+    last_gae = torch.zeros_like(values[:, 0])
+    reversed_adv = []
+    for t in reversed(range(token_level_rewards.shape[-1])):
+        delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        # Masked tokens keep the values of the next valid token: they do not break the recursion.
+        next_values = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_values
+        last_gae = gae_t * mask[:, t] + (1 - mask[:, t]) * last_gae
+        reversed_adv.append(last_gae)
+    advantages = torch.stack(reversed_adv[::-1], dim=1)
+    returns = advantages + values
+    if whiten:
+        advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns
+
+
+def _group_ids(index: Any, batch_size: int) -> tuple[Tensor, int]:
+    """Map arbitrary hashable group ids (uids) to dense ints 0..G-1 in order of first appearance."""
+    items: Iterable[Any] = index.tolist() if isinstance(index, Tensor) else index
+    dense: dict[Any, int] = {}
+    ids = [dense.setdefault(item, len(dense)) for item in items]
+    if len(ids) != batch_size:
+        raise ValueError(
+            f"index has {len(ids)} group ids but the batch has {batch_size} rows: pass one uid per row "
+            "(the non-tensor 'uid' column after repeat(n, interleave=True))."
+        )
+    return torch.tensor(ids, dtype=torch.long), len(dense)
+
+
+def _group_stats(scores: Tensor, index: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row group mean, unbiased std and size; size-1 groups get mean 0 and std 1 (verl).
+
+    Args:
+        scores: (B,) one score per sequence.
+        index: B group ids.
+
+    Returns:
+        ``(mean, std, count)``, each (B,), the statistics of the row's group.
+    """
+    gid, num_groups = _group_ids(index, scores.shape[0])
+    gid = gid.to(scores.device)
+    out_dtype = scores.dtype
+    scores = scores.to(torch.promote_types(out_dtype, torch.float32))  # group counts must stay exact
+    counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
+        0, gid, torch.ones_like(scores)
+    )
+    sums = torch.zeros_like(counts).index_add_(0, gid, scores)
+    means = sums / counts
+    sq_dev = torch.zeros_like(counts).index_add_(0, gid, (scores - means[gid]) ** 2)
+    stds = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
+    single = counts == 1
+    means = torch.where(single, torch.zeros_like(means), means)
+    stds = torch.where(single, torch.ones_like(stds), stds)
+    return means[gid].to(out_dtype), stds[gid].to(out_dtype), counts[gid].to(out_dtype)
+
+
+@torch.no_grad()
+def compute_grpo_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage: the sequence score minus its group mean, divided by the group std.
+
+    ``A_i = (s_i - mean_g) / (std_g + epsilon)`` with the unbiased std of the group; with
+    ``norm_adv_by_std_in_grpo=False`` (Dr.GRPO, arXiv:2503.20783) ``A_i = s_i - mean_g``. A group of one
+    sample uses mean 0 and std 1, as verl. The advantage is broadcast to every response token.
+
+    Args:
+        token_level_rewards: (B, T); the score of a sequence is its sum over T.
+        response_mask: (B, T).
+        index: B hashable group ids (numpy array, list of str/int, or a 1-D tensor).
+        epsilon: Added to the std to avoid division by zero.
+        norm_adv_by_std_in_grpo: Divide by the group std (GRPO) or not (Dr.GRPO).
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) and equal.
+    """
+    scores = token_level_rewards.sum(dim=-1)
+    mean, std, _ = _group_stats(scores, index)
+    adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_rloo_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """RLOO outcome advantage (arXiv:2402.14740): score minus the mean of the *other* samples of the group.
+
+    For a group of size n > 1, ``s_i - mean_{j != i} s_j = (s_i - mean_g) * n / (n - 1)``; a group of one
+    keeps its raw score (verl).
+
+    Args:
+        token_level_rewards: (B, T); the score of a sequence is its sum over T.
+        response_mask: (B, T).
+        index: B hashable group ids.
+        epsilon: Unused; kept for verl signature compatibility.
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) and equal.
+    """
+    del epsilon
+    scores = token_level_rewards.sum(dim=-1)
+    mean, _, n = _group_stats(scores, index)
+    factor = n / (n - 1).clamp(min=1)
+    # Same expression as verl (s*n/(n-1) - mean*n/(n-1)) so results match bit for bit.
+    adv = torch.where(n > 1, scores * factor - mean * factor, scores)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (arXiv:2501.03262): group-mean baseline, then whitening over the whole batch.
+
+    Args:
+        token_level_rewards: (B, T); the score of a sequence is its sum over T.
+        response_mask: (B, T).
+        index: B hashable group ids.
+        epsilon: Unused; kept for verl signature compatibility.
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) and equal.
+    """
+    del epsilon
+    scores = token_level_rewards.sum(dim=-1)
+    mean, _, _ = _group_stats(scores, index)
+    adv = (scores - mean).unsqueeze(-1).expand_as(token_level_rewards) * response_mask
+    adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    gamma: float,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
+
+    Args:
+        token_level_rewards: (B, T).
+        response_mask: (B, T).
+        gamma: Discount factor.
+
+    Returns:
+        ``advantages`` (B, T), the whitened returns (zero on padding), and ``returns`` (B, T).
+    """
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * response_mask[:, t]  # reset after EOS, as verl
+    advantages = masked_whiten(returns, response_mask) * response_mask
+    return advantages, returns
+
+
+@torch.no_grad()
+def compute_remax_outcome_advantage(
+    token_level_rewards: Tensor,
+    reward_baselines: Tensor,
+    response_mask: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """ReMax (arXiv:2310.10505): reward-to-go minus the reward of the greedy response.
+
+    Args:
+        token_level_rewards: (B, T).
+        reward_baselines: (B,) reward of the greedy (argmax) response to the same prompt.
+        response_mask: (B, T).
+
+    Returns:
+        ``(advantages, returns)``, both (B, T); ``returns`` is the undiscounted reward-to-go.
+    """
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
+# Config name (algorithm.adv_estimator) -> estimator. Signatures differ; the trainer passes what each needs.
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "gae": compute_gae_advantage_return,
+    "grpo": compute_grpo_outcome_advantage,
+    "rloo": compute_rloo_outcome_advantage,
+    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
+    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
+    "remax": compute_remax_outcome_advantage,
+}
+
+_GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
+
+
+def _check_name(name: str) -> None:
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"adv_estimator={name!r} is unknown; valid values: {sorted(ADVANTAGE_ESTIMATORS)}.")
+
+
+def is_group_estimator(name: str) -> bool:
+    """Whether estimator ``name`` compares samples of one prompt, so it needs ``rollout.n >= 2``.
+
+    Raises:
+        ValueError: If ``name`` is not a key of ``ADVANTAGE_ESTIMATORS``.
+    """
+    _check_name(name)
+    return name in _GROUP_ESTIMATORS
+
+
+def needs_critic(name: str) -> bool:
+    """Whether estimator ``name`` needs critic values (only ``gae``).
+
+    Raises:
+        ValueError: If ``name`` is not a key of ``ADVANTAGE_ESTIMATORS``.
+    """
+    _check_name(name)
+    return name == "gae"
