@@ -1,0 +1,163 @@
+"""Model registry: register every final model, move the champion alias only when it is better.
+
+Policy: each pipeline run's final model becomes a new version of the registered model (the audit
+trail keeps every candidate with its eval metric), and the alias (``champion``) moves to it only if
+its metric strictly beats the current champion's. The metric lives in version tags
+(``rlhf.eval_metric_name`` / ``rlhf.eval_metric_value``), so the comparison needs no run lookup.
+
+Models are registered from a plain artifact folder (``runs:/<run_id>/model``, written by
+``MlflowLogger.log_model_dir``), not through the ``mlflow.transformers`` flavour: the flavour would
+load the model into memory to save a second copy and pulls heavy dependencies into the Airflow
+task. Consumers fetch the folder with ``download_model`` (or, with ``$MLFLOW_TRACKING_URI`` set,
+``mlflow.artifacts.download_artifacts("models:/<name>@champion")``) and call ``from_pretrained`` on it.
+
+The read-compare-set of the alias is not atomic in MLflow; two pipelines registering the same
+model at the same moment could both win. Run ``register_model`` with an Airflow pool of size 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+_log = logging.getLogger(__name__)
+
+TAG_METRIC_NAME = "rlhf.eval_metric_name"
+TAG_METRIC_VALUE = "rlhf.eval_metric_value"
+TAG_PROMOTED = "rlhf.promoted"
+TAG_PREVIOUS_CHAMPION = "rlhf.previous_champion"
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+
+
+def _existing_version(client: MlflowClient, name: str, run_id: str, model_uri: str) -> ModelVersion | None:
+    """The version a previous try of this task registered for the same run and source, if any."""
+    found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    matches = [v for v in found if v.source == model_uri]
+    return min(matches, key=lambda v: int(v.version)) if matches else None
+
+
+def _champion(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:
+    if alias not in client.get_registered_model(name).aliases:
+        return None
+    return client.get_model_version_by_alias(name, alias)
+
+
+def _beats(value: float, champion: ModelVersion | None, metric_name: str, higher_is_better: bool) -> bool:
+    """Whether ``value`` strictly beats the champion; a champion without a comparable metric is beaten."""
+    if champion is None:
+        return True
+    if champion.tags.get(TAG_METRIC_NAME) != metric_name:
+        _log.warning(
+            "champion v%s has no %r tag to compare with (it has %r); promoting the new version",
+            champion.version,
+            metric_name,
+            champion.tags.get(TAG_METRIC_NAME),
+        )
+        return True
+    try:
+        best = float(champion.tags[TAG_METRIC_VALUE])
+    except (KeyError, ValueError):
+        _log.warning("champion v%s has an unreadable %s tag; promoting the new version", champion.version, metric_name)
+        return True
+    if math.isnan(best):
+        return True
+    return value > best if higher_is_better else value < best
+
+
+def _register_version(
+    client: MlflowClient, name: str, run_id: str, model_uri: str, metric_name: str, value: float
+) -> ModelVersion:
+    """Create the version (tagged with its metric), or reuse the one a previous try created."""
+    _ensure_registered_model(client, name)
+    tags = {TAG_METRIC_NAME: metric_name, TAG_METRIC_VALUE: repr(value)}
+    version = _existing_version(client, name, run_id, model_uri)
+    if version is None:
+        return client.create_model_version(name, source=model_uri, run_id=run_id, tags={**tags, TAG_PROMOTED: "false"})
+    for key, tag_value in tags.items():
+        client.set_model_version_tag(name, version.version, key, tag_value)
+    return version
+
+
+def register_if_better(
+    *,
+    run_id: str,
+    model_uri: str,
+    registered_name: str,
+    metric_name: str,
+    metric_value: float,
+    higher_is_better: bool = True,
+    alias: str = "champion",
+    tracking_uri: str | None = None,
+) -> tuple[str | None, bool]:
+    """Register ``model_uri`` as a new version and move ``alias`` to it if its metric beats the champion's.
+
+    Idempotent: a retry for the same ``run_id`` and ``model_uri`` reuses the version registered
+    before instead of adding another. Ties keep the current champion.
+
+    Args:
+        run_id: The pipeline run that produced the model.
+        model_uri: Model folder, usually ``runs:/<run_id>/model`` (``MlflowLogger.log_model_dir``).
+        registered_name: Registered model name (created when missing).
+        metric_name: Eval metric compared across versions, e.g. ``"val/reward/mean"``.
+        metric_value: This model's value of ``metric_name``.
+        higher_is_better: Direction of the comparison.
+        alias: Alias that marks the best version.
+        tracking_uri: MLflow server URI (registry on the same server); ``None`` uses ``$MLFLOW_TRACKING_URI``.
+
+    Returns:
+        ``(version, promoted)``; ``(None, False)`` when ``metric_value`` is NaN or infinite (nothing is
+        registered: such a model is broken, not a candidate).
+    """
+    if "'" in registered_name or "'" in run_id:
+        raise ValueError(f"register_if_better: registered_name {registered_name!r} and run_id must not contain quotes")
+    value = float(metric_value)
+    if not math.isfinite(value):
+        _log.warning("register_if_better: %s=%s is not finite; not registering %s", metric_name, value, model_uri)
+        return None, False
+    client = MlflowClient(tracking_uri=tracking_uri)
+    version = _register_version(client, registered_name, run_id, model_uri, metric_name, value)
+    champion = _champion(client, registered_name, alias)
+    if champion is not None and champion.version == version.version:
+        return str(version.version), True
+    if not _beats(value, champion, metric_name, higher_is_better):
+        assert champion is not None
+        _log.info("v%s (%s=%s) does not beat champion v%s", version.version, metric_name, value, champion.version)
+        return str(version.version), False
+    client.set_registered_model_alias(registered_name, alias, version.version)
+    client.set_model_version_tag(registered_name, version.version, TAG_PROMOTED, "true")
+    if champion is not None:
+        client.set_model_version_tag(registered_name, version.version, TAG_PREVIOUS_CHAMPION, str(champion.version))
+    return str(version.version), True
+
+
+def download_model(
+    *, registered_name: str, dst_path: str | Path, alias: str = "champion", tracking_uri: str | None = None
+) -> Path:
+    """Download the folder of the version that ``alias`` points to; returns the local folder.
+
+    Resolves the version with an explicit client because MLflow 3.17's ``models:/`` resolution ignores
+    the ``registry_uri`` argument of ``mlflow.artifacts.download_artifacts`` and uses the global URI.
+    """
+    import mlflow.artifacts
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    version = client.get_model_version_by_alias(registered_name, alias)
+    source_uri = client.get_model_version_download_uri(registered_name, version.version)
+    Path(dst_path).mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        artifact_uri=source_uri, dst_path=str(dst_path), tracking_uri=client.tracking_uri
+    )
+    return Path(local)
