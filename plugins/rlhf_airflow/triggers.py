@@ -1,0 +1,195 @@
+"""Deferrable trigger that watches one Ray job, streaming its driver log into the triggerer log.
+
+``RayJobWatcher`` holds the polling logic (status, log offset, event payload) and is shared by the trigger
+(async, the sync Ray client runs in a thread via ``asyncio.to_thread``) and by the operator's
+``deferrable=False`` path (plain loop), so both produce the same event payload::
+
+    {"status": "success" | "error" | "timeout", "submission_id": str, "job_status": str,
+     "message": str, "log_tail": str (last LOG_TAIL_LINES lines), "log_offset": int}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+LOG_TAIL_LINES = 50
+_MAX_CONSECUTIVE_ERRORS = 10
+_ACTIVE = ("PENDING", "RUNNING")
+
+
+def make_client(address: str, headers: dict[str, str] | None, verify: bool | str) -> JobSubmissionClient:
+    """Create a ``JobSubmissionClient`` (blocking: it checks the server version over HTTP)."""
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address, headers=headers or None, verify=verify)
+
+
+def tail_lines(text: str, n: int = LOG_TAIL_LINES) -> str:
+    """Last ``n`` lines of ``text`` (without a trailing newline)."""
+    return "\n".join(text.rstrip("\n").splitlines()[-n:])
+
+
+class RayJobWatcher:
+    """One poll step at a time: log new complete lines, return an event payload when the job is over.
+
+    Args:
+        submission_id: The Ray job to watch.
+        log_offset: Characters of the full log already shown (new lines start after it).
+        timeout: Seconds since the job's ``start_time`` (Ray's clock, so the limit survives triggerer
+            restarts and Airflow retries that re-attach) after which the watcher reports ``"timeout"``.
+    """
+
+    def __init__(self, submission_id: str, *, log_offset: int = 0, timeout: float | None = None) -> None:
+        self.submission_id = submission_id
+        self.log_offset = log_offset
+        self.timeout = timeout
+        self._errors = 0
+        self._started = time.time()
+
+    def step(self, client: JobSubmissionClient, emit: Callable[[str], Any]) -> dict[str, Any] | None:
+        """Poll once; ``emit`` receives each new log line. Returns the event payload, or None to keep going."""
+        try:
+            info = client.get_job_info(self.submission_id)
+            logs = client.get_job_logs(self.submission_id)
+        except Exception as err:  # network blips must not kill a multi-day watch
+            return self.record_error(err, emit)
+        self._errors = 0
+        status = str(info.status)
+        done = status not in _ACTIVE
+        for line in self._new_lines(logs, flush=done):
+            emit(line)
+        if status == "SUCCEEDED":
+            return self._payload("success", status, info.message, logs)
+        if done:
+            return self._payload("error", status, info.message, logs)
+        start = (info.start_time / 1000.0) if info.start_time else self._started
+        if self.timeout is not None and time.time() - start > self.timeout:
+            return self._payload("timeout", status, f"job still {status} after {self.timeout:.0f}s", logs)
+        return None
+
+    def record_error(self, err: Exception, emit: Callable[[str], Any]) -> dict[str, Any] | None:
+        """Count a failed poll; return an error payload if the job is gone or polls keep failing."""
+        text = str(err)
+        if "404" in text or "does not exist" in text:
+            return self._payload("error", "UNKNOWN", f"Ray job {self.submission_id} does not exist: {text}", "")
+        self._errors += 1
+        emit(f"[watcher] poll {self._errors}/{_MAX_CONSECUTIVE_ERRORS} of {self.submission_id} failed: {text}")
+        if self._errors >= _MAX_CONSECUTIVE_ERRORS:
+            return self._payload("error", "UNKNOWN", f"{self._errors} consecutive poll failures: {text}", "")
+        return None
+
+    def _new_lines(self, logs: str, *, flush: bool) -> list[str]:
+        if self.log_offset > len(logs):  # log was replaced (e.g. job re-created): show it from the top
+            self.log_offset = 0
+        new = logs[self.log_offset :]
+        if not flush:  # keep a partial last line for the next poll
+            new = new[: new.rfind("\n") + 1]
+        self.log_offset += len(new)
+        return new.splitlines()
+
+    def _payload(self, status: str, job_status: str, message: str | None, logs: str) -> dict[str, Any]:
+        return {
+            "status": status,
+            "submission_id": self.submission_id,
+            "job_status": job_status,
+            "message": message or "",
+            "log_tail": tail_lines(logs),
+            "log_offset": self.log_offset,
+        }
+
+
+class RayJobTrigger(BaseTrigger):
+    """Poll a Ray job until it ends, logging new driver-log lines; yield one ``TriggerEvent``.
+
+    Args:
+        dashboard_address: Ray dashboard / job server URL, e.g. ``http://127.0.0.1:8265``.
+        submission_id: The job to watch.
+        poll_interval: Seconds between polls.
+        log_offset: Characters of the log already shown (lines after it are streamed).
+        timeout: See ``RayJobWatcher``; None waits forever.
+        headers: HTTP headers for the job server (e.g. ``Authorization``). Trigger kwargs are stored
+            encrypted (Fernet) in the metadata DB, but keep tokens short-lived where possible.
+        verify: TLS verification for the job server: bool or a CA bundle path.
+    """
+
+    def __init__(
+        self,
+        dashboard_address: str,
+        submission_id: str,
+        *,
+        poll_interval: float = 5.0,
+        log_offset: int = 0,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        super().__init__()
+        self.dashboard_address = dashboard_address
+        self.submission_id = submission_id
+        self.poll_interval = float(poll_interval)
+        self.log_offset = int(log_offset)
+        self.timeout = None if timeout is None else float(timeout)
+        self.headers = dict(headers or {})
+        self.verify = verify
+        self._client: JobSubmissionClient | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Classpath and kwargs that re-create this trigger in the triggerer."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "dashboard_address": self.dashboard_address,
+                "submission_id": self.submission_id,
+                "poll_interval": self.poll_interval,
+                "log_offset": self.log_offset,
+                "timeout": self.timeout,
+                "headers": dict(self.headers),
+                "verify": self.verify,
+            },
+        )
+
+    async def _get_client(self) -> JobSubmissionClient:
+        if self._client is None:
+            self._client = await asyncio.to_thread(make_client, self.dashboard_address, self.headers, self.verify)
+        return self._client
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll until the job is terminal (or times out) and yield a single event."""
+        watcher = RayJobWatcher(self.submission_id, log_offset=self.log_offset, timeout=self.timeout)
+        self.log.info("Watching Ray job %s at %s", self.submission_id, self.dashboard_address)
+        while True:
+            try:
+                client = await self._get_client()
+            except Exception as err:  # dashboard restarting: count it like a failed poll
+                payload = watcher.record_error(err, self.log.warning)
+            else:
+                payload = await asyncio.to_thread(watcher.step, client, self.log.info)
+            if payload is not None:
+                self.log.info(
+                    "Ray job %s finished: %s (%s)", self.submission_id, payload["job_status"], payload["status"]
+                )
+                yield TriggerEvent(payload)
+                return
+            await asyncio.sleep(self.poll_interval)
+
+    async def on_kill(self) -> None:
+        """User marked the deferred task failed/success or cleared it: stop the Ray job.
+
+        Airflow 3.3 calls it only on such user actions, not on triggerer restarts or redistribution, so the job
+        survives those.
+        """
+        client = await self._get_client()
+        stopped = await asyncio.to_thread(client.stop_job, self.submission_id)
+        self.log.info("Stop requested for Ray job %s (was running: %s)", self.submission_id, stopped)
+
+    async def cleanup(self) -> None:
+        """Release the HTTP client only; the Ray job keeps running (cleanup also runs on triggerer restarts)."""
+        self._client = None

@@ -1,0 +1,24 @@
+"""Airflow plugin registering the RLHF operator extra links (Ray job, MLflow run, checkpoint folder).
+
+Registered links are what the Airflow 3 API server calls to render the buttons of ``RayJobOperator`` tasks;
+they read XComs from the metadata DB there (see ``rlhf_airflow.links``). Imports stay light: no torch.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+from rlhf_airflow.links import CheckpointFolderLink, MlflowRunLink, RayJobLink
+from rlhf_airflow.operators import RayJobOperator
+
+# ``BaseOperatorLink.operators`` names the operator classes a plugin link decorates (matched by class name and
+# module). Set here, at the registration point, because links.py cannot import operators.py (cycle).
+for _link_cls in (RayJobLink, MlflowRunLink, CheckpointFolderLink):
+    _link_cls.operators = [RayJobOperator]
+
+
+class RlhfPlugin(AirflowPlugin):
+    """Extra links for ``rlhf_airflow.operators.RayJobOperator``."""
+
+    name = "rlhf"
+    operator_extra_links = [RayJobLink(), MlflowRunLink(), CheckpointFolderLink()]

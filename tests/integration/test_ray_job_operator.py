@@ -1,0 +1,237 @@
+"""RayJobHook / RayJobTrigger / RayJobOperator against a real private Ray head (dashboard + job server).
+
+The head runs with token auth (Ray 2.60's default for ``ray start``); the Airflow connection carries the token
+as its password. Jobs are tiny ``python -c`` entrypoints; the module takes ~1 min on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+from tests.support.airflow_env import configure_airflow_env, migrate_airflow_db
+
+configure_airflow_env()  # before anything imports airflow
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import secrets  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from rlhf_airflow.hooks import RayJobHook  # noqa: E402
+from rlhf_airflow.operators import RayJobOperator, derive_submission_id  # noqa: E402
+from rlhf_airflow.triggers import RayJobTrigger  # noqa: E402
+from tests.support.ray_cluster import start_ray_head  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+CONN_ID = "ray_it"
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private Ray head; the ``ray_it`` connection points at it. Yields the dashboard URL."""
+    token = secrets.token_hex(16)
+    _, dashboard_url, stop = start_ray_head(tmp_path_factory.mktemp("ray_head"), auth_token=token)
+    port = int(dashboard_url.rsplit(":", 1)[1])
+    env_key = f"AIRFLOW_CONN_{CONN_ID.upper()}"
+    os.environ[env_key] = json.dumps({"conn_type": "ray", "host": "127.0.0.1", "port": port, "password": token})
+    try:
+        yield dashboard_url
+    finally:
+        os.environ.pop(env_key, None)
+        stop()
+
+
+def _trigger_for(hook: RayJobHook, submission_id: str) -> RayJobTrigger:
+    address, headers, verify = hook.client_config()
+    return RayJobTrigger(address, submission_id, poll_interval=0.5, headers=headers, verify=verify)
+
+
+def _first_event(trigger: RayJobTrigger, timeout_s: float = 90) -> dict[str, Any]:
+    async def run() -> Any:
+        return await anext(trigger.run())
+
+    return asyncio.run(asyncio.wait_for(run(), timeout=timeout_s)).payload
+
+
+def _wait_status(hook: RayJobHook, submission_id: str, wanted: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (status := hook.status(submission_id)) != wanted:
+        assert time.monotonic() < deadline, f"{submission_id} still {status}, wanted {wanted}"
+        time.sleep(0.3)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def test_submit_reattaches_and_trigger_reports_success_with_log_tail(ray_head: str) -> None:
+    hook = RayJobHook(CONN_ID)
+    base = _unique("it-hello")
+    entry = "python -c \"import os, time; print('hello', os.environ['GREETING_TARGET']); time.sleep(3)\""
+    first = hook.submit(entry, submission_id=base, env_vars={"GREETING_TARGET": "world"})
+    second = hook.submit(entry, submission_id=base, env_vars={"GREETING_TARGET": "world"})
+    assert first == second == base
+    assert hook.status(base) in ("PENDING", "RUNNING")  # the job sleeps 3 s, so the re-attach hit a live job
+    assert [s for s in hook.list_submission_ids() if s.startswith(base)] == [base]  # one job, not two
+
+    event = _first_event(_trigger_for(hook, base))
+    assert (event["status"], event["job_status"], event["submission_id"]) == ("success", "SUCCEEDED", base)
+    assert "hello world" in event["log_tail"].splitlines()
+    # After success a third submit returns the same id and still creates nothing.
+    assert hook.submit(entry, submission_id=base) == base
+    assert [s for s in hook.list_submission_ids() if s.startswith(base)] == [base]
+
+
+def test_failed_job_reports_stderr_then_retry_submits_with_resume_mode(ray_head: str) -> None:
+    hook = RayJobHook(CONN_ID)
+    base = _unique("it-fail")
+    # Fails (exit 3, message on stderr) unless RLHF_RESUME_MODE is set, which only retries get.
+    entry = (
+        "python -c \"import os, sys; mode = os.environ.get('RLHF_RESUME_MODE'); "
+        "print('resume=' + str(mode), file=sys.stderr); sys.exit(0 if mode else 3)\""
+    )
+    assert hook.submit(entry, submission_id=base) == base
+    event = _first_event(_trigger_for(hook, base))
+    assert (event["status"], event["job_status"]) == ("error", "FAILED")
+    assert "resume=None" in event["log_tail"]
+    assert "exit code 3" in event["message"]
+
+    retry = hook.submit(entry, submission_id=base)
+    assert retry == f"{base}-retry1"
+    event = _first_event(_trigger_for(hook, retry))
+    assert (event["status"], event["submission_id"]) == ("success", retry)
+    assert "resume=auto" in event["log_tail"]
+    assert sorted(s for s in hook.list_submission_ids() if s.startswith(base)) == [base, retry]
+
+
+def test_operator_and_trigger_on_kill_stop_running_jobs(ray_head: str) -> None:
+    sleeper = "python -c \"import time; print('sleeping', flush=True); time.sleep(120)\""
+    op = RayJobOperator(task_id="sleepy", entrypoint=sleeper, ray_conn_id=CONN_ID, submission_id=_unique("it-kill-op"))
+    by_op = op.submit_job({})
+    hook = RayJobHook(CONN_ID)
+    by_trigger = hook.submit(sleeper, submission_id=_unique("it-kill-trig"))
+    _wait_status(hook, by_op, "RUNNING")
+    _wait_status(hook, by_trigger, "RUNNING")
+
+    op.on_kill()  # worker side: the task process got SIGTERM
+    asyncio.run(_trigger_for(hook, by_trigger).on_kill())  # triggerer side: user marked the deferred task failed
+    _wait_status(hook, by_op, "STOPPED", timeout_s=30)
+    _wait_status(hook, by_trigger, "STOPPED", timeout_s=30)
+
+
+def test_job_timeout_yields_timeout_and_execute_complete_stops_the_job(ray_head: str) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    hook = RayJobHook(CONN_ID)
+    submission_id = hook.submit(
+        "python -c \"print('slow', flush=True); import time; time.sleep(120)\"", submission_id=_unique("it-slow")
+    )
+    _wait_status(hook, submission_id, "RUNNING")
+    address, headers, verify = hook.client_config()
+    # Ray's start_time was set at submission (> 0.1 s ago): the first poll of a RUNNING job already times out.
+    trigger = RayJobTrigger(address, submission_id, poll_interval=0.5, timeout=0.1, headers=headers, verify=verify)
+    event = _first_event(trigger)
+    assert (event["status"], event["job_status"]) == ("timeout", "RUNNING")
+    op = RayJobOperator(task_id="slow", entrypoint="unused", ray_conn_id=CONN_ID)
+    with pytest.raises(AirflowException, match=f"Ray job {submission_id} timeout: status=RUNNING"):
+        op.execute_complete({}, event)
+    _wait_status(hook, submission_id, "STOPPED", timeout_s=30)
+
+
+_DAG_FILE = """
+import pendulum
+from airflow.sdk import DAG, task
+
+from rlhf_airflow.operators import RayJobOperator
+
+with DAG("{dag_id}", schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=False) as dag:
+
+    @task
+    def start_tracking(**context):
+        context["ti"].xcom_push(key="mlflow_run_url", value="http://mlflow:5000/#/experiments/1/runs/abc")
+        context["ti"].xcom_push(key="checkpoint_url", value="s3://ckpt/exp/run")
+
+    train = RayJobOperator(
+        task_id="train",
+        entrypoint=(
+            "python -c \\"import os; print('trained', os.environ['RUN_KEY'], "
+            "os.environ['RLHF_SUBMISSION_ID'])\\""
+        ),
+        ray_conn_id="{conn_id}",
+        env_vars={{"RUN_KEY": "{{{{ dag.dag_id }}}}"}},
+        poll_interval=0.5,
+    )
+    start_tracking() >> train
+"""
+
+
+def _load_dag_file(dag_id: str) -> Any:
+    """Write the DAG into the dags folder (Airflow 3.3's dag.test() needs it in a bundle) and import it."""
+    import importlib.util
+
+    path = configure_airflow_env() / "dags" / f"{dag_id}.py"
+    path.write_text(_DAG_FILE.format(dag_id=dag_id, conn_id=CONN_ID))
+    spec = importlib.util.spec_from_file_location(f"_it_dag_{dag_id}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
+
+
+def test_dag_test_defers_completes_and_publishes_links(ray_head: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    migrate_airflow_db()
+    from airflow.sdk.types import TaskInstanceKey
+
+    from rlhf_airflow.links import CheckpointFolderLink, MlflowRunLink, RayJobLink
+
+    monkeypatch.setenv("AIRFLOW__RLHF__CHECKPOINT_TASK_ID", "start_tracking")
+    monkeypatch.setenv("AIRFLOW__RLHF__S3_CONSOLE_URL_TEMPLATE", "http://minio:9001/browser/{bucket}/{key}")
+    dag_id = _unique("it_ray_dag").replace("-", "_")
+    dag = _load_dag_file(dag_id)
+    train = dag.get_task("train")
+
+    dag_run = dag.test()
+    assert dag_run.state == "success"
+    expected_id = derive_submission_id(dag_id=dag_id, run_id=dag_run.run_id, task_id="train")
+    expected_url = f"{ray_head}/#/jobs/{expected_id}"
+    hook = RayJobHook(CONN_ID)
+    assert hook.status(expected_id) == "SUCCEEDED"
+    assert f"trained {dag_id} {expected_id}" in hook.logs(expected_id)  # templated env + RLHF_SUBMISSION_ID
+
+    xcoms = _xcoms(dag_id, dag_run.run_id, "train")
+    assert xcoms["return_value"] == expected_id
+    assert xcoms["ray_submission_id"] == expected_id and xcoms["ray_dashboard_url"] == expected_url
+    # Rendered by the worker at finalize() and stored under link.xcom_key (what the UI shows without the plugin).
+    assert xcoms["_link_RayJobLink"] == expected_url
+    assert xcoms["_link_MlflowRunLink"] == "http://mlflow:5000/#/experiments/1/runs/abc"
+    assert xcoms["_link_CheckpointFolderLink"] == "http://minio:9001/browser/ckpt/exp/run"
+
+    # API-server path (no Task SDK comms here): the plugin's links read the metadata DB directly.
+    key = TaskInstanceKey(dag_id=dag_id, task_id="train", run_id=dag_run.run_id, try_number=1, map_index=-1)
+    assert RayJobLink().get_link(train, ti_key=key) == expected_url
+    assert MlflowRunLink().get_link(train, ti_key=key) == "http://mlflow:5000/#/experiments/1/runs/abc"
+    assert CheckpointFolderLink().get_link(train, ti_key=key) == "http://minio:9001/browser/ckpt/exp/run"
+
+
+def _xcoms(dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.execute(
+            XComModel.get_many(run_id=run_id, dag_ids=dag_id, task_ids=task_id).with_only_columns(
+                XComModel.key, XComModel.value
+            )
+        ).all()
+    return {key: _decode(value) for key, value in rows}
+
+
+def _decode(value: Any) -> Any:
+    # XCom rows hold JSON; values pushed through the Task SDK are JSON-encoded once more, link XComs are not.
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
