@@ -1,0 +1,170 @@
+"""``RayResourcePool``: the placement-group bundles that one or more worker groups run on.
+
+One bundle per process (rank): ``{"CPU": num_cpus_per_process}`` plus ``{"GPU": 1}`` with
+``use_gpu``. ``process_on_nodes=[n_0, n_1, ...]`` asks for ``n_i`` processes on node ``i``.
+
+How a cluster maps to it:
+
+- One machine with 8 GPUs: ``RayResourcePool([8], use_gpu=True)``: one STRICT_PACK placement
+  group of 8 bundles; ranks 0-7, local ranks 0-7.
+- Two machines with 8 GPUs each: ``RayResourcePool([8, 8], use_gpu=True)``: one STRICT_PACK
+  placement group per entry, each on one node (Ray picks which); ranks 0-7 on the first node,
+  8-15 on the second, local ranks restart at 0 on each node; the master address is rank 0's node
+  IP. ``strategy="PACK"`` instead makes one placement group of 16 bundles that Ray may place on any
+  nodes; local ranks are then read from the placement-group table.
+- This 2-core test machine: ``RayResourcePool([2], use_gpu=False, num_cpus_per_process=1)``.
+
+Colocation: several worker groups share the same bundles (verl's "hybrid engine" placement) by
+each requesting a fraction of every bundle (``RayWorkerGroup(resource_share=1/k)``), so two
+roles of 2 ranks fit on 2 CPUs (0.5 CPU per actor). Bundles are reserved lazily on the first
+:meth:`RayResourcePool.acquire` and released when the last group holding them shuts down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+
+__all__ = ["BundleSlot", "RayResourcePool"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleSlot:
+    """Where rank ``rank`` of a worker group runs."""
+
+    rank: int
+    """Global rank (position of the bundle in the pool)."""
+    placement_group: PlacementGroup
+    """The placement group holding the bundle."""
+    bundle_index: int
+    """Index of the bundle inside ``placement_group``."""
+    node_id: str
+    """Ray node id of the bundle's node."""
+    local_rank: int
+    """Index of this bundle among the pool's bundles on the same node."""
+
+
+class RayResourcePool:
+    """Placement-group bundles for ``sum(process_on_nodes)`` ranks, shared by colocated groups.
+
+    Args:
+        process_on_nodes: Number of processes (ranks) per node, e.g. ``[8, 8]``.
+        use_gpu: Reserve one GPU per process.
+        num_cpus_per_process: CPUs per bundle; fractional values are allowed.
+        name_prefix: Prefix of the placement-group names (shown in ``ray status``).
+        strategy: ``"STRICT_PACK"``: one placement group per node entry, each forced onto one node.
+            ``"PACK"``: one placement group for all bundles, packed onto as few nodes as possible.
+        ready_timeout_s: How long to wait for the cluster to grant the bundles.
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: list[int],
+        *,
+        use_gpu: bool,
+        num_cpus_per_process: float = 1.0,
+        name_prefix: str = "rlhf",
+        strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK",
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        if not process_on_nodes or any(n < 1 for n in process_on_nodes):
+            raise ValueError(f"process_on_nodes={process_on_nodes} must be a non-empty list of positive counts.")
+        if num_cpus_per_process <= 0:
+            raise ValueError(f"num_cpus_per_process={num_cpus_per_process} must be > 0 (fractions like 0.5 are fine).")
+        if strategy not in ("STRICT_PACK", "PACK"):
+            raise ValueError(f"strategy={strategy!r} must be 'STRICT_PACK' or 'PACK'.")
+        self.process_on_nodes = list(process_on_nodes)
+        self.use_gpu = use_gpu
+        self.num_cpus_per_process = num_cpus_per_process
+        self.name_prefix = name_prefix
+        self.strategy = strategy
+        self.ready_timeout_s = ready_timeout_s
+        self._placement_groups: list[PlacementGroup] = []
+        self._slots: list[BundleSlot] = []
+        self._holders: set[int] = set()
+
+    @property
+    def world_size(self) -> int:
+        """Number of bundles (ranks) in the pool."""
+        return sum(self.process_on_nodes)
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        """Resources of one bundle."""
+        return {"CPU": self.num_cpus_per_process, **({"GPU": 1.0} if self.use_gpu else {})}
+
+    def acquire(self, holder: object) -> list[BundleSlot]:
+        """Reserve the bundles (first holder only) and register ``holder``; return one slot per rank.
+
+        Raises:
+            TimeoutError: If the cluster cannot grant the bundles within ``ready_timeout_s``.
+        """
+        if not self._placement_groups:
+            self._reserve()
+        self._holders.add(id(holder))
+        return list(self._slots)
+
+    def release(self, holder: object) -> None:
+        """Unregister ``holder``; remove the placement groups once no holder is left."""
+        self._holders.discard(id(holder))
+        if not self._holders:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Remove the placement groups (kills any actor still in them). Idempotent."""
+        pgs, self._placement_groups, self._slots = self._placement_groups, [], []
+        self._holders.clear()
+        for pg in pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # already removed, or Ray is shut down: nothing left to free
+                pass
+
+    def __enter__(self) -> RayResourcePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _reserve(self) -> None:
+        if self.strategy == "STRICT_PACK":
+            counts = self.process_on_nodes
+        else:
+            counts = [self.world_size]
+        pgs = [
+            placement_group(
+                [dict(self.bundle) for _ in range(n)], strategy=self.strategy, name=f"{self.name_prefix}_pg{i}"
+            )
+            for i, n in enumerate(counts)
+        ]
+        self._placement_groups = pgs
+        for pg in pgs:
+            if not pg.wait(timeout_seconds=self.ready_timeout_s):
+                self.shutdown()
+                raise TimeoutError(
+                    f"resource pool {self.name_prefix!r} could not reserve {counts} bundles of {self.bundle} within "
+                    f"{self.ready_timeout_s}s; the cluster has {ray.available_resources()} free. Lower "
+                    "process_on_nodes or num_cpus_per_process, or add nodes."
+                )
+        self._slots = self._compute_slots(pgs)
+
+    @staticmethod
+    def _compute_slots(pgs: list[PlacementGroup]) -> list[BundleSlot]:
+        slots: list[BundleSlot] = []
+        per_node: dict[str, int] = {}
+        for pg in pgs:
+            table: dict[str, Any] = placement_group_table(pg)
+            bundle_nodes: dict[int, str] = table["bundles_to_node_id"]
+            for index in range(pg.bundle_count):
+                node = bundle_nodes[index]
+                local_rank = per_node.get(node, 0)
+                per_node[node] = local_rank + 1
+                slots.append(
+                    BundleSlot(
+                        rank=len(slots), placement_group=pg, bundle_index=index, node_id=node, local_rank=local_rank
+                    )
+                )
+        return slots
