@@ -1,0 +1,171 @@
+"""The controller's checkpoint policy: save (commit rule), retention, background sync, resume.
+
+A save writes every role's shards (collective on the workers), then ``trainer_state.json``, then
+``MANIFEST.json``, then ``latest``; only then is the checkpoint handed to the background syncer.
+Resume picks the newest complete checkpoint, local or remote (``resume_mode=auto``), or the one
+named by ``resume_mode``, verifies it against its manifest, and loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlhf_ops.checkpoint.manifest import (
+    apply_retention,
+    find_latest_complete,
+    is_complete,
+    step_dir_name,
+    update_latest,
+    verify_checkpoint,
+    write_manifest,
+)
+from rlhf_ops.checkpoint.manifest import CorruptCheckpointError as CorruptCheckpointError
+
+log = logging.getLogger(__name__)
+
+TRAINER_STATE_FILE = "trainer_state.json"
+
+
+class _Role(Protocol):
+    def save_checkpoint(self, path: str) -> None: ...
+    def load_checkpoint(self, path: str) -> None: ...
+
+
+class _Trainer(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class CheckpointManager:
+    """Checkpoints of one run folder ``<root>/<experiment>/<run>``.
+
+    Args:
+        run_dir: The local run folder (must be readable by every worker: a shared path on clusters).
+        roles: ``{"actor": client, "critic": client}``; each saves under ``global_step_<N>/<name>``.
+        remote_url: Remote run folder (``s3://…/<experiment>/<run>``) or None.
+        keep_last: Keep this many complete checkpoints locally and remotely (0 = all).
+        resume_mode: ``auto``, ``disable`` or a checkpoint path / URL.
+        storage_options: fsspec options for the remote store (credentials never come from config).
+        on_commit: Called with ``(step, local_dir)`` after each local commit (events, eval triggers).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        roles: dict[str, _Role],
+        remote_url: str | None = None,
+        keep_last: int = 0,
+        resume_mode: str = "auto",
+        storage_options: dict[str, Any] | None = None,
+        on_commit: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.roles, self.remote_url, self.keep_last = roles, remote_url, keep_last
+        self.resume_mode, self.storage_options, self.on_commit = resume_mode, storage_options, on_commit
+        self.best_step: int | None = None
+        self.saved_steps: list[int] = []
+        self._syncer = None
+        if remote_url:
+            from rlhf_ops.storage import BackgroundSyncer
+
+            self._syncer = BackgroundSyncer(
+                remote_url,
+                max_queue=2,
+                keep_last=keep_last or None,
+                protect=lambda: [s for s in [self.best_step] if s is not None],
+                storage_options=storage_options,
+            )
+
+    def step_dir(self, step: int) -> Path:
+        return self.run_dir / step_dir_name(step)
+
+    # ---- save ---------------------------------------------------------------------------------
+    def save(self, trainer: _Trainer) -> Path:
+        state = trainer.state_dict()
+        step = int(state["global_step"])
+        ckpt = self.step_dir(step)
+        if ckpt.exists():  # a leftover of a crash mid-save (or a re-save of the same step): start clean
+            shutil.rmtree(ckpt)
+        ckpt.mkdir(parents=True)
+        for name, role in self.roles.items():
+            role.save_checkpoint(str(ckpt / name))
+        (ckpt / TRAINER_STATE_FILE).write_text(json.dumps(state))
+        write_manifest(ckpt, step=step, extra={"roles": sorted(self.roles)})
+        update_latest(self.run_dir, step)
+        self.saved_steps.append(step)
+        if self.keep_last:
+            protect = {self.best_step} if self.best_step is not None else set()
+            apply_retention(self.run_dir, keep_last=self.keep_last, protect=protect)
+        if self._syncer is not None:
+            self._syncer.submit(str(ckpt))
+        if self.on_commit is not None:
+            self.on_commit(step, str(ckpt))
+        log.info("checkpoint committed: %s", ckpt)
+        return ckpt
+
+    def finish(self) -> None:
+        """Waits for every background upload; raises if one failed (nothing half-visible remotely)."""
+        if self._syncer is not None:
+            self._syncer.close()
+
+    # ---- resume -------------------------------------------------------------------------------
+    def _resolve(self) -> Path | None:
+        mode = self.resume_mode
+        if mode == "disable":
+            return None
+        if mode != "auto":
+            return self._fetch_explicit(mode)
+        local = find_latest_complete(self.run_dir) if self.run_dir.exists() else None
+        remote = None
+        if self.remote_url:
+            from rlhf_ops.storage import find_latest_remote
+
+            remote = find_latest_remote(self.remote_url, storage_options=self.storage_options)
+        if remote is not None and (local is None or remote[0] > local[0]):
+            return self._download(remote[1], remote[0])
+        return Path(local[1]) if local is not None else None
+
+    def _fetch_explicit(self, where: str) -> Path:
+        if "://" in where and not where.startswith("file://"):
+            from rlhf_ops.checkpoint.manifest import read_manifest
+            from rlhf_ops.storage import open_store
+
+            fs, path = open_store(where, storage_options=self.storage_options)
+            return self._download(where, read_manifest(path, fs=fs).step)
+        path = Path(where.removeprefix("file://"))
+        if not is_complete(path):
+            raise ValueError(
+                f"trainer.resume_mode: {where} is not a complete checkpoint (no MANIFEST.json); "
+                "point it at a global_step_<N> folder, or use resume_mode=auto"
+            )
+        return path
+
+    def _download(self, url: str, step: int) -> Path:
+        from rlhf_ops.storage import download_checkpoint
+
+        dest = self.step_dir(step)
+        log.info("downloading checkpoint %s -> %s", url, dest)
+        download_checkpoint(url, dest, overwrite=True, storage_options=self.storage_options)
+        update_latest(self.run_dir, step)
+        return dest
+
+    def maybe_resume(self, trainer: _Trainer) -> int | None:
+        """Loads the checkpoint ``resume_mode`` selects; returns its step (None: fresh start)."""
+        ckpt = self._resolve()
+        if ckpt is None:
+            return None
+        problems = verify_checkpoint(ckpt)
+        if problems:
+            raise CorruptCheckpointError(str(ckpt), problems)
+        for name, role in self.roles.items():
+            role.load_checkpoint(str(ckpt / name))
+        state = json.loads((ckpt / TRAINER_STATE_FILE).read_text())
+        trainer.load_state_dict(state)
+        log.info("resumed from %s (step %d)", ckpt, state["global_step"])
+        return int(state["global_step"])

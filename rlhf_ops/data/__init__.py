@@ -1,0 +1,1 @@
+"""Dataset preparation and loading, prompt templates, built-in toy tasks."""

@@ -1,0 +1,1 @@
+"""Process entrypoints (the Ray job driver)."""

@@ -1,0 +1,152 @@
+"""The Ray job entrypoint: ``python -m rlhf_ops.entrypoints.train --preset P [overrides]``.
+
+Builds the run from a resolved config: tokenizer and data, Ray worker groups, reward stage, loggers,
+checkpoint manager; then ``fit()``. Environment: ``RLHF_RESUME_MODE`` (set by the Airflow operator
+when it resubmits a failed job) overrides ``trainer.resume_mode``; ``MLFLOW_RUN_ID`` attaches the
+MLflow logger to the pipeline's run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhf_ops.config import RunConfig, derive_batch_plan, load_config
+from rlhf_ops.config.loader import dump_config
+
+log = logging.getLogger("rlhf_ops.train")
+
+
+def build_loggers(config: RunConfig, run_dir: Path) -> Any:
+    """The metric loggers ``trainer.logger`` names (MLflow only when a run or URI is known)."""
+    from rlhf_ops.tracking.logger import ConsoleLogger, JsonlLogger, MultiLogger
+
+    loggers: list[Any] = []
+    for name in config.trainer.logger:
+        if name == "console":
+            loggers.append(ConsoleLogger())
+        elif name == "jsonl":
+            loggers.append(JsonlLogger(run_dir / "metrics.jsonl"))
+        elif name == "mlflow":
+            from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
+
+            loggers.append(MlflowLogger(tracking_uri=config.tracking.mlflow_uri))
+    return MultiLogger(loggers)
+
+
+def _init_ray(address: str | None, config: RunConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env})
+    else:
+        ray.init(include_dashboard=False, runtime_env={"env_vars": env})
+
+
+def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
+    """Trains ``config`` to its last step; returns the trainer's final state."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlhf_ops.checkpoint.manager import CheckpointManager
+    from rlhf_ops.data.dataset import PromptDataset, PromptLoader
+    from rlhf_ops.models.resolve import resolve_model_path
+    from rlhf_ops.rewards import load_reward_fn
+    from rlhf_ops.trainer.ppo_trainer import PPOTrainer
+    from rlhf_ops.trainer.reward import RewardStage
+    from workers.launcher import launch_role_groups
+
+    resume = os.environ.get("RLHF_RESUME_MODE")
+    if resume:
+        config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"resume_mode": resume})})
+    torch.manual_seed(config.trainer.seed)
+    plan = derive_batch_plan(config)
+    model_path = resolve_model_path(config.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or model_path)
+    data = config.data
+    common = {
+        "max_prompt_length": data.max_prompt_length,
+        "prompt_key": data.prompt_key,
+        "ground_truth_key": data.ground_truth_key,
+        "data_source_key": data.data_source_key,
+        "apply_chat_template": data.apply_chat_template,
+        "toy_rows": data.toy_rows,
+    }
+    train_set = PromptDataset.from_sources(data.train_files, tokenizer, seed=config.trainer.seed, **common)
+    train_loader = PromptLoader(
+        train_set, batch_size=data.train_batch_size, pad_token_id=tokenizer.pad_token_id, shuffle=data.shuffle,
+        seed=config.trainer.seed,
+    )
+    val_loader = None
+    if data.val_files:
+        val_set = PromptDataset.from_sources(data.val_files, tokenizer, seed=config.trainer.seed + 7919, **common)
+        val_loader = PromptLoader(
+            val_set, batch_size=data.val_batch_size or len(val_set), pad_token_id=tokenizer.pad_token_id,
+            shuffle=False, drop_last=False,
+        )
+    total = config.trainer.total_epochs * len(train_loader)
+    if config.trainer.total_training_steps is not None:
+        total = min(total, config.trainer.total_training_steps)
+    run_dir = Path(config.trainer.checkpoint_root) / config.trainer.experiment_name / config.trainer.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "resolved_config.yaml").write_text(dump_config(config))
+    _init_ray(ray_address or config.resources.ray_address, config)
+    groups = launch_role_groups(
+        config, plan, model_path=model_path, total_training_steps=total,
+        pad_token_id=int(tokenizer.pad_token_id), eos_token_id=int(tokenizer.eos_token_id),
+    )
+    logger = build_loggers(config, run_dir)
+    try:
+        reward_fn = load_reward_fn(config.reward.reward_fn) if config.reward.reward_fn else None
+        roles: dict[str, Any] = {"actor": groups.actor_rollout_ref}
+        if groups.critic is not None:
+            roles["critic"] = groups.critic
+        remote = None
+        if config.trainer.remote_store_url:
+            remote = "/".join(
+                [config.trainer.remote_store_url.rstrip("/"), config.trainer.experiment_name, config.trainer.run_name]
+            )
+        checkpointer = CheckpointManager(
+            run_dir, roles=roles, remote_url=remote, keep_last=config.trainer.keep_last,
+            resume_mode=config.trainer.resume_mode,
+        )
+        trainer = PPOTrainer(
+            config, plan, actor_rollout_ref=groups.actor_rollout_ref, critic=groups.critic,
+            reward=RewardStage(tokenizer=tokenizer, reward_fn=reward_fn, reward_model=groups.reward_model),
+            train_loader=train_loader, val_loader=val_loader, logger=logger, tokenizer=tokenizer,
+            checkpointer=checkpointer,
+        )
+        return trainer.fit()
+    finally:
+        logger.close()
+        groups.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", default="tiny-cpu")
+    parser.add_argument("--ray-address", default=None)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rlhf_ops.config import ConfigError
+
+    try:
+        config = load_config(args.preset, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_training(config, ray_address=args.ray_address)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Rule-based rewards of the built-in toy tasks (:mod:`rlhf_ops.data.toy_tasks`).
+
+Both tasks share one shaped score, on the decoded response ``solution_str`` (special tokens skipped,
+so a response ``"7<eos>"`` decodes to ``"7"``; no leading whitespace is allowed):
+
+============================================================  =====
+response                                                      score
+============================================================  =====
+exactly the ground truth (answered, then stopped)             1.0
+starts with the ground truth, more characters follow          0.5
+starts with a digit otherwise                                 0.1
+anything else (empty, starts with a non-digit)                0.0
+============================================================  =====
+
+Why shaped: a random-init tiny model (84-token vocab) starts a response with a digit ~12% of the
+time and with the right one ~1.2% of the time, so a 0/1 reward leaves most GRPO groups without any
+signal. The 0.1 step teaches "answer with a digit", the 0.5 step the prompt-dependent answer (whatever
+follows it, so a policy that emits digit runs still sees the gradient toward the right first digit),
+the 1.0 step stopping right after it.
+
+``acc`` is the unshaped metric for accuracy and pass@k: 1.0 iff the run of digits the response starts
+with equals the ground truth (``"7"`` and ``"7."`` are right for ``"7"``, ``"77"`` is not).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlhf_ops.data.toy_tasks import ADD_DIGITS_SOURCE, COPY_DIGIT_SOURCE
+
+_LEADING_NUMBER = re.compile(r"\d+")
+
+
+def shaped_answer_score(solution_str: str, ground_truth: str) -> dict[str, float]:
+    """Returns ``{"score": shaped score, "acc": 1.0 or 0.0}`` per the table in the module docstring."""
+    match = _LEADING_NUMBER.match(solution_str)
+    acc = 1.0 if match is not None and match.group() == ground_truth else 0.0
+    if solution_str == ground_truth:
+        score = 1.0
+    elif ground_truth and solution_str.startswith(ground_truth):
+        score = 0.5
+    elif match is not None:
+        score = 0.1
+    else:
+        score = 0.0
+    return {"score": score, "acc": acc}
+
+
+def copy_digit_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Reward of ``copy_digit`` (``"copy: 7"`` → ``"7"``); see the module docstring."""
+    return shaped_answer_score(solution_str, ground_truth)
+
+
+def add_digits_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Reward of ``add_digits`` (``"2+5="`` → ``"7"``); see the module docstring."""
+    return shaped_answer_score(solution_str, ground_truth)
+
+
+_BY_SOURCE = {COPY_DIGIT_SOURCE: copy_digit_score, ADD_DIGITS_SOURCE: add_digits_score}
+
+
+def toy_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Dispatches on ``data_source`` to the toy task's reward (verl's ``default_compute_score`` pattern).
+
+    Raises:
+        ValueError: if ``data_source`` is not a toy task's.
+    """
+    fn = _BY_SOURCE.get(data_source)
+    if fn is None:
+        raise ValueError(
+            f"data_source={data_source!r} has no toy reward (known: {sorted(_BY_SOURCE)}); "
+            "set the reward function to one that scores this data source."
+        )
+    return fn(data_source, solution_str, ground_truth, extra_info)

@@ -1,0 +1,1 @@
+"""The single controller: the PPO/GRPO loop (``fit``), validation, metrics and timing."""

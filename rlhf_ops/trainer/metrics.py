@@ -1,0 +1,85 @@
+"""Step metrics under verl's names, computed on the driver from the step's batch.
+
+Notation: B = sequences in the step, P = prompt length, R = response length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlhf_ops.protocol import DataProto
+
+
+def _stats(prefix: str, values: Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    v = values.float()
+    return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
+
+
+def _masked_values(t: Tensor, mask: Tensor) -> Tensor:
+    return t[mask.bool()]
+
+
+def compute_data_metrics(batch: DataProto, *, max_response_length: int, use_critic: bool) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of a trained batch."""
+    b = batch.batch
+    response_mask = b["response_mask"]
+    response_length = response_mask.sum(-1).float()  # (B,)
+    prompt_length = b["attention_mask"][:, : -response_mask.shape[1]].sum(-1).float()
+    metrics: dict[str, float] = {}
+    metrics.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
+    metrics.update(_stats("critic/rewards", b["token_level_rewards"].sum(-1)))
+    metrics.update(_stats("critic/advantages", _masked_values(b["advantages"], response_mask)))
+    metrics.update(_stats("critic/returns", _masked_values(b["returns"], response_mask)))
+    if use_critic:
+        values = _masked_values(b["values"], response_mask)
+        returns = _masked_values(b["returns"], response_mask)
+        metrics.update(_stats("critic/values", values))
+        var_returns = torch.var(returns)
+        metrics["critic/vf_explained_var"] = (1.0 - torch.var(returns - values) / (var_returns + 1e-5)).item()
+    metrics.update(_stats("response_length", response_length))
+    metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
+    metrics.update(_stats("prompt_length", prompt_length))
+    return metrics
+
+
+def compute_throughput_metrics(*, num_tokens: int, step_seconds: float, world_size: int) -> dict[str, float]:
+    """Tokens (prompt + response, valid only) per second per rank over the whole step."""
+    return {
+        "perf/total_num_tokens": float(num_tokens),
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": num_tokens / max(step_seconds, 1e-9) / world_size,
+    }
+
+
+def reduce_worker_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean over ranks of each metric (workers already reduced over their micro-batches)."""
+    keys = sorted({k for m in per_rank for k in m})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [float(m[key]) for m in per_rank if key in m]
+        out[key] = float(np.mean(values))
+    return out
+
+
+def compute_reward_metrics_by_source(
+    scores: Tensor, data_sources: Sequence[str], *, prefix: str, extra: Mapping[str, Sequence[float]] | None = None
+) -> dict[str, float]:
+    """``<prefix>/<source>/reward/mean`` (and the mean of every extra reward key) per data source."""
+    out: dict[str, float] = {}
+    sources = np.asarray(data_sources, dtype=object)
+    for source in sorted(set(sources.tolist())):
+        idx = torch.as_tensor(np.nonzero(sources == source)[0])
+        out[f"{prefix}/{source}/reward/mean"] = scores[idx].float().mean().item()
+        for key, values in (extra or {}).items():
+            if key == "score":
+                continue
+            arr = np.asarray(values, dtype=np.float64)[idx.numpy()]
+            out[f"{prefix}/{source}/{key}/mean"] = float(arr.mean())
+    return out

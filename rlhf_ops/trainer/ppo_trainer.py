@@ -1,0 +1,220 @@
+"""The controller loop (verl's dataflow): generate → reward → ref → values → advantages →
+update_critic → update_actor, one timer per stage, metrics under verl's names.
+
+Notation: B = sequences of a step (prompts x n), R = response length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from rlhf_ops.algorithms import KLController
+from rlhf_ops.config.batch_plan import BatchPlan
+from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.data.dataset import PromptLoader
+from rlhf_ops.protocol import DataProto
+from rlhf_ops.tracking.logger import MetricLogger
+from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
+from rlhf_ops.trainer.metrics import compute_data_metrics, compute_reward_metrics_by_source, compute_throughput_metrics
+from rlhf_ops.trainer.reward import RewardStage
+from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
+from rlhf_ops.trainer.timing import StageTimer
+from rlhf_ops.trainer.validation import validate
+
+# Called after each committed checkpoint with (step, local checkpoint dir): remote sync, events.
+CheckpointCallback = Callable[[int, str], None]
+
+
+@dataclass
+class TrainerState:
+    """Everything beyond model/optimizer weights that resume needs (saved as JSON)."""
+
+    global_step: int = 0
+    loader: dict[str, int] = field(default_factory=dict)
+    kl_ctrl: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def merge_generation(prompts: DataProto, generated: DataProto, *, keys: list[str]) -> DataProto:
+    """The generated tensors (full sequences replace the prompt-only ones) with the prompts' columns."""
+    tensors = generated.select(batch_keys=keys).batch
+    assert tensors is not None
+    return DataProto.from_dict(
+        tensors=dict(tensors.items()), non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
+    )
+
+
+class PPOTrainer:
+    """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        plan: BatchPlan,
+        *,
+        actor_rollout_ref: ActorRolloutRef,
+        critic: Critic | None,
+        reward: RewardStage,
+        train_loader: PromptLoader,
+        val_loader: PromptLoader | None,
+        logger: MetricLogger,
+        tokenizer: Any,
+        checkpointer: Any | None = None,
+    ) -> None:
+        self.config, self.plan = config, plan
+        self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.logger, self.tokenizer, self.checkpointer = logger, tokenizer, checkpointer
+        self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
+        self.state = TrainerState()
+        steps_per_epoch = len(train_loader)
+        total = config.trainer.total_epochs * steps_per_epoch
+        if config.trainer.total_training_steps is not None:
+            total = min(total, config.trainer.total_training_steps)
+        self.total_steps = total
+
+    # ---- stages -------------------------------------------------------------------------------
+    def _sampling_meta(self) -> dict[str, Any]:
+        r = self.config.rollout
+        return {
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "do_sample": True,
+            "response_length": r.max_new_tokens,
+            "eos_token_id": int(self.tokenizer.eos_token_id),
+            "pad_token_id": int(self.tokenizer.pad_token_id),
+            "recompute_log_prob": True,
+        }
+
+    def generate(self, prompts: DataProto, timer: StageTimer) -> DataProto:
+        """n samples per prompt (rows repeated interleaved, so group ids stay adjacent) + old log-probs."""
+        prompts.meta_info.update(self._sampling_meta())  # type: ignore[typeddict-item]
+        if self.config.algorithm.adv_estimator == "remax":
+            with timer.stage("gen_max"):
+                baseline = self._greedy_baseline(prompts)
+        repeated = prompts.repeat(self.config.rollout.n, interleave=True)
+        with timer.stage("gen"):
+            out = self.actor_rollout_ref.generate_sequences(repeated)
+        for name, seconds in (out.meta_info.get("timing") or {}).items():
+            timer.add(f"worker/{name}", float(seconds))
+        batch = merge_generation(repeated, out, keys=_GEN_KEYS)
+        if self.config.algorithm.adv_estimator == "remax":
+            batch.batch["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
+        return batch
+
+    def _greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
+        greedy = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        greedy.non_tensor_batch = dict(prompts.non_tensor_batch)
+        greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
+        out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS[:-1])
+        self.reward(out)
+        return out.batch["token_level_scores"].sum(-1)
+
+    def step(self, batch: DataProto) -> dict[str, float]:
+        """One training step on a batch of prompts; returns its metrics."""
+        timer, metrics = StageTimer(), {}
+        start = time.perf_counter()
+        batch = self.generate(batch, timer)
+        with timer.stage("reward"):
+            extra = self.reward(batch)
+        scores = batch.batch["token_level_scores"].sum(-1)
+        metrics.update(compute_reward_metrics_by_source(scores, batch.non_tensor_batch["data_source"], prefix="train", extra=extra))
+        if self.config.needs_ref:
+            with timer.stage("ref"):
+                batch = batch.union(self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"]))
+        if self.critic is not None:
+            with timer.stage("values"):
+                batch = batch.union(self.critic.compute_values(batch).select(batch_keys=["values"]))
+        with timer.stage("adv"):
+            metrics.update(apply_reward_kl(batch, self.config.algorithm, self.kl_ctrl))
+            compute_advantage(batch, self.config.algorithm)
+        if self.critic is not None:
+            with timer.stage("update_critic"):
+                metrics.update(self.critic.update_critic(batch))
+        with timer.stage("update_actor"):
+            metrics.update(self.actor_rollout_ref.update_actor(batch))
+        step_seconds = time.perf_counter() - start
+        metrics.update(compute_data_metrics(batch, max_response_length=self.plan.max_response_length, use_critic=self.critic is not None))
+        metrics.update(timer.metrics())
+        num_tokens = int(batch.batch["attention_mask"].sum().item())
+        metrics.update(compute_throughput_metrics(num_tokens=num_tokens, step_seconds=step_seconds, world_size=self.plan.world_size))
+        return metrics
+
+    # ---- loop ---------------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        if self.val_loader is None:
+            return {}
+        return validate(
+            self.actor_rollout_ref,
+            self.val_loader,
+            reward=self.reward,
+            sampling=self.config.rollout.val_kwargs,
+            response_length=self.config.rollout.max_new_tokens,
+            tokenizer=self.tokenizer,
+        )
+
+    def fit(self) -> TrainerState:
+        """Runs from the current state (0, or a resumed step) to ``total_steps``."""
+        cfg = self.config.trainer
+        if self.checkpointer is not None:
+            self.checkpointer.maybe_resume(self)
+        if cfg.val_before_train and self.state.global_step == 0:
+            self.logger.log_metrics(self.validate(), step=0)
+        bar = tqdm(total=self.total_steps, initial=self.state.global_step, desc="rlhf", dynamic_ncols=True)
+        while self.state.global_step < self.total_steps:
+            step = self.state.global_step + 1
+            metrics = self.step(self.train_loader.next_batch())
+            metrics["training/global_step"] = float(step)
+            metrics["training/epoch"] = float(self.train_loader.epoch)
+            self.state.global_step = step
+            if cfg.test_freq and (step % cfg.test_freq == 0 or step == self.total_steps):
+                metrics.update(self.validate())
+            self.state.history.append({k: metrics[k] for k in _HISTORY_KEYS if k in metrics})
+            self.logger.log_metrics(metrics, step=step)
+            bar.set_postfix(reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+            bar.update(1)
+            is_last = step == self.total_steps
+            if self.checkpointer is not None and ((cfg.save_freq and step % cfg.save_freq == 0) or is_last):
+                self.checkpointer.save(self)
+        bar.close()
+        if self.checkpointer is not None:
+            self.checkpointer.finish()
+        return self.state
+
+    # ---- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        self.state.loader = self.train_loader.state_dict()
+        self.state.kl_ctrl = dict(self.kl_ctrl.state_dict())
+        self.state.rng = {"torch": torch.random.get_rng_state().tolist()}
+        return {
+            "global_step": self.state.global_step,
+            "loader": self.state.loader,
+            "kl_ctrl": self.state.kl_ctrl,
+            "rng": self.state.rng,
+            "history": self.state.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = TrainerState(
+            global_step=int(state["global_step"]),
+            loader=dict(state["loader"]),
+            kl_ctrl=dict(state["kl_ctrl"]),
+            rng=dict(state.get("rng", {})),
+            history=list(state.get("history", [])),
+        )
+        self.train_loader.load_state_dict(self.state.loader)
+        self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
+        if "torch" in self.state.rng:
+            torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
+
+
+_GEN_KEYS = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rollout_log_probs", "old_log_probs"]
+_HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

@@ -1,0 +1,53 @@
+"""The driver's reward stage: rule functions (on decoded text) plus reward-model scores, summed.
+
+Notation: B = sequences, R = response length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlhf_ops.protocol import DataProto
+from rlhf_ops.rewards import RewardFn, compute_token_level_scores
+from rlhf_ops.trainer.roles import RewardModel
+
+
+def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
+    """The valid response tokens of each row as text (special tokens skipped)."""
+    responses, mask = data.batch["responses"], data.batch["response_mask"]
+    lengths = mask.sum(-1).tolist()
+    return [tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True) for row, n in zip(responses, lengths)]
+
+
+class RewardStage:
+    """Writes ``token_level_scores`` (B, R); returns per-row extras (for metrics) keyed by name."""
+
+    def __init__(self, *, tokenizer: Any, reward_fn: RewardFn | None, reward_model: RewardModel | None) -> None:
+        if reward_fn is None and reward_model is None:
+            raise ValueError("reward: set reward.reward_fn and/or reward.model_path")
+        self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
+
+    def __call__(self, data: DataProto) -> dict[str, list[float]]:
+        scores = torch.zeros_like(data.batch["response_mask"], dtype=torch.float32)
+        extra: dict[str, list[float]] = {}
+        if self.reward_fn is not None:
+            rule, extra = compute_token_level_scores(
+                data.batch["responses"],
+                data.batch["response_mask"],
+                decoded=decode_responses(data, self.tokenizer),
+                data_sources=list(data.non_tensor_batch["data_source"]),
+                ground_truths=list(data.non_tensor_batch["ground_truth"]),
+                reward_fn=self.reward_fn,
+            )
+            scores = scores + rule
+        if self.reward_model is not None:
+            rm = self.reward_model.compute_rm_score(data.select(batch_keys=_RM_KEYS))
+            data.batch["rm_scores"] = rm.batch["rm_scores"]
+            scores = scores + rm.batch["rm_scores"]
+        data.batch["token_level_scores"] = scores
+        return extra
+
+
+_RM_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]

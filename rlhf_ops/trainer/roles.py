@@ -1,0 +1,53 @@
+"""What the controller needs from each role: explicit, typed interfaces (Protocols).
+
+The Ray-backed implementations live in ``workers/`` (one facade per worker group); the controller
+never sees Ray, ranks or dispatch modes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rlhf_ops.protocol import DataProto
+
+
+class ActorRolloutRef(Protocol):
+    """The colocated actor / rollout / reference group."""
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Samples responses and, for training batches, recomputes ``old_log_probs`` with the actor."""
+        ...
+
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` (B, R) under the reference policy."""
+        ...
+
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """One PPO update over the batch; returns reduced ``actor/*`` metrics."""
+        ...
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+
+class Critic(Protocol):
+    """The value model group (GAE only)."""
+
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, R)."""
+        ...
+
+    def update_critic(self, data: DataProto) -> dict[str, float]: ...
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+
+class RewardModel(Protocol):
+    """A sequence-classification reward model group."""
+
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` (B, R): the score at the last valid response token."""
+        ...

@@ -1,0 +1,205 @@
+"""``ActorRolloutRefWorker``: one Ray actor per rank holding the actor, the rollout engine and the
+reference policy, in any combination (``actor``, ``rollout``, ``ref``, ``actor_rollout``,
+``actor_rollout_ref``).
+
+The roles are a set parsed once from the role name; each method checks the part it needs and fails
+with the role name if it is missing (no boolean flags branching through the class).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from rlhf_ops.config.batch_plan import BatchPlan
+from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
+from rlhf_ops.protocol import DataProto
+from workers.actor.dp_actor import DataParallelPPOActor
+from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
+from workers.fsdp.mesh import build_device_mesh, get_device
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer
+from workers.fsdp.wrap import build_fsdp_model
+from workers.rollout.base import RolloutEngine
+from workers.single_controller.decorator import Dispatch, register
+from workers.single_controller.worker import RankContext, Worker
+from workers.utils.perf import memory_metrics, mfu, num_parameters
+
+Role = Literal["actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref"]
+ROLE_PARTS: dict[str, frozenset[str]] = {
+    "actor": frozenset({"actor"}),
+    "rollout": frozenset({"rollout"}),
+    "ref": frozenset({"ref"}),
+    "actor_rollout": frozenset({"actor", "rollout"}),
+    "actor_rollout_ref": frozenset({"actor", "rollout", "ref"}),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorRolloutRefSpec:
+    """Everything a rank needs, resolved by the driver (sections of the config, never the root)."""
+
+    role: Role
+    model_path: str
+    model: ModelConfig
+    actor: ActorConfig
+    ref: RefConfig
+    rollout: RolloutConfig
+    algorithm: AlgorithmConfig
+    plan: BatchPlan
+    total_training_steps: int
+    pad_token_id: int
+    eos_token_id: int
+    seed: int
+    device: str
+
+
+class ActorRolloutRefWorker(Worker):
+    """One rank of the actor / rollout / reference group."""
+
+    def __init__(self, ctx: RankContext, *, spec: ActorRolloutRefSpec) -> None:
+        super().__init__(ctx)
+        if spec.role not in ROLE_PARTS:
+            raise ValueError(f"role={spec.role!r}: choose one of {sorted(ROLE_PARTS)}")
+        self.spec, self.parts = spec, ROLE_PARTS[spec.role]
+        self.actor: DataParallelPPOActor | None = None
+        self.ref: DataParallelPPOActor | None = None
+        self.rollout: RolloutEngine | None = None
+
+    def _need(self, part: str, method: str) -> None:
+        if part not in self.parts:
+            raise RuntimeError(f"{method} needs the '{part}' part, but this worker's role is '{self.spec.role}'")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Builds the FSDP2 models (meta-device init, weights broadcast from rank 0), optimizer, engine."""
+        spec = self.spec
+        torch.manual_seed(spec.seed)
+        self.device = get_device(spec.device)
+        self.mesh = build_device_mesh(
+            self.world_size, replicate_size=spec.actor.fsdp.hsdp_replicate_size, device_type=self.device.type
+        )
+        common = {
+            "mesh": self.mesh,
+            "device": self.device,
+            "dtype": spec.model.dtype,
+            "attn_implementation": spec.model.attn_implementation,
+            "trust_remote_code": spec.model.trust_remote_code,
+        }
+        if self.parts & {"actor", "rollout"}:
+            module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, **common)
+            optimizer = scheduler = None
+            if "actor" in self.parts:
+                optimizer = build_optimizer(module, spec.actor.optim)
+                scheduler = build_lr_scheduler(optimizer, spec.actor.optim, self._optimizer_steps())
+            self.actor = DataParallelPPOActor(
+                module,
+                optimizer,
+                scheduler,
+                config=spec.actor,
+                algorithm=spec.algorithm,
+                plan=spec.plan.actor,
+                device=self.device,
+                seed=spec.seed,
+            )
+            self.num_params = num_parameters(module)
+        if "rollout" in self.parts:
+            self.rollout = self._build_rollout()
+        if "ref" in self.parts:
+            ref_module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, **common)
+            ref_module.eval()
+            self.ref = DataParallelPPOActor(
+                ref_module, config=spec.actor, algorithm=spec.algorithm, plan=spec.plan.actor, device=self.device
+            )
+        dist.barrier()
+
+    def _optimizer_steps(self) -> int:
+        plan = self.spec.plan.actor
+        return max(1, self.spec.total_training_steps * plan.num_mini_batches * plan.ppo_epochs)
+
+    def _build_rollout(self) -> RolloutEngine:
+        spec, r = self.spec, self.spec.rollout
+        if r.engine == "vllm":
+            from workers.rollout.vllm_rollout import build_vllm_rollout
+
+            assert self.actor is not None
+            return build_vllm_rollout(self.actor.module, spec=spec, rank=self.rank, device=self.device)
+        from workers.rollout.hf_rollout import HFRollout
+
+        assert self.actor is not None
+        return HFRollout(
+            self.actor.module,
+            pad_token_id=spec.pad_token_id,
+            eos_token_id=spec.eos_token_id,
+            response_length=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            seed=spec.seed + 1000 * self.rank,
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Rollout, then (for training batches) the actor's teacher-forced ``old_log_probs``."""
+        self._need("rollout", "generate_sequences")
+        assert self.rollout is not None
+        out = self.rollout.generate_sequences(prompts.to(self.device))
+        timing = dict(out.meta_info.get("timing") or {})
+        if prompts.meta_info.get("recompute_log_prob", False) and self.actor is not None:
+            start = time.perf_counter()
+            out.meta_info["temperature"] = float(prompts.meta_info.get("temperature", 1.0))
+            old, _ = self.actor.compute_log_prob(out, temperature=out.meta_info["temperature"])
+            out.batch["old_log_probs"] = old  # type: ignore[index]
+            timing["old_log_prob"] = time.perf_counter() - start
+        out.meta_info["timing"] = timing
+        return out.to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` (B, R) under the frozen reference policy."""
+        self._need("ref", "compute_ref_log_prob")
+        assert self.ref is not None
+        data.meta_info.update(  # type: ignore[typeddict-item]
+            {
+                "micro_batch_size": self.spec.ref.log_prob_micro_batch_size_per_gpu,
+                "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,
+            }
+        )
+        log_prob, _ = self.ref.compute_log_prob(
+            data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
+        )
+        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update; returns ``actor/*`` and ``perf/*`` metrics in ``meta_info``."""
+        self._need("actor", "update_actor")
+        assert self.actor is not None
+        start = time.perf_counter()
+        metrics = self.actor.update_policy(data.to(self.device))
+        seconds = time.perf_counter() - start
+        tokens = self.actor.last_update_tokens
+        metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
+        metrics.update(memory_metrics(self.device, prefix="perf"))
+        if self.rollout is not None and hasattr(self.rollout, "mark_dirty"):
+            self.rollout.mark_dirty()
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model + optimizer + scheduler of the actor under ``path`` (one writer per rank)."""
+        self._need("actor", "save_checkpoint")
+        assert self.actor is not None and self.actor.optimizer is not None
+        save_role_checkpoint(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Loads a checkpoint written by any world size (DCP reshards)."""
+        self._need("actor", "load_checkpoint")
+        assert self.actor is not None and self.actor.optimizer is not None
+        load_role_checkpoint(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+        if self.rollout is not None and hasattr(self.rollout, "mark_dirty"):
+            self.rollout.mark_dirty()

@@ -1,0 +1,258 @@
+"""``DataParallelPPOActor``: log-probs and the PPO policy update of an FSDP2 policy (verl's ``dp_actor.py``).
+
+Notation: B = sequences on this rank, T = P + R full length, R = response length.
+
+Loss scaling (why gradients do not depend on how a mini-batch is split):
+every micro-batch loss is its *contribution* to the mini-batch loss: token / sequence sums divided by the
+GLOBAL token / sequence counts of the mini-batch (all-reduced over the dp group), so the sum over all
+micro-batches of all ranks is exactly the loss of the whole mini-batch. Gradient accumulation sums the
+micro-batch gradients on each rank; FSDP2's reduce-scatter then AVERAGES over the dp ranks (it divides by
+the mesh size). Each micro-batch loss is therefore multiplied by ``dp_size`` before ``backward``, turning
+that average into the sum. The result: the same gradient for 1 rank x micro 4, 1 rank x 4 micro of 1,
+or 2 ranks x 2, up to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from rlhf_ops.algorithms import POLICY_LOSSES, agg_loss, kl_penalty
+from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
+from rlhf_ops.protocol import DataProto
+from workers.actor.forward import response_log_probs, supports_logits_to_keep
+from workers.fsdp.optim import clipped_optimizer_step
+from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
+from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
+
+__all__ = ["DataParallelPPOActor"]
+
+_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+_UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages")
+
+
+def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:
+    present = set(data.batch.keys()) if data.batch is not None else set()
+    missing = [k for k in keys if k not in present]
+    if missing:
+        raise ValueError(f"{what} needs batch keys {missing}; present: {sorted(present)}.")
+
+
+class DataParallelPPOActor:
+    """The math-facing loops of the actor (and of the reference policy, without optimizer).
+
+    Args:
+        module: The policy, FSDP2-wrapped (``apply_fsdp2``) or plain for a single rank.
+        optimizer: Needed by :meth:`update_policy` only (None for the reference policy).
+        lr_scheduler: Stepped after every optimizer step.
+        config: The actor section (grad clip, remove padding, shuffle).
+        algorithm: Policy loss, clip ratios, entropy / KL-loss coefficients, ``loss_agg_mode``, epochs.
+        plan: Per-rank sizes derived by the driver (never recomputed here).
+        dp_group: Group of all data-parallel ranks (default: the default group). Its size must equal
+            ``plan.mesh.dp_size``: it is the factor FSDP divides gradients by.
+        device: Where micro-batches are computed; default: the device of the first parameter (pass
+            ``cuda`` explicitly with ``param_offload``, whose shards live on the host).
+        seed: Seeds the mini-batch shuffle (with the step number, so every update shuffles differently).
+
+    Raises:
+        ValueError: The dp group's size differs from ``plan.mesh.dp_size``.
+    """
+
+    role = "actor"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer | None = None,
+        lr_scheduler: LRScheduler | None = None,
+        *,
+        config: ActorConfig,
+        algorithm: AlgorithmConfig,
+        plan: PPOPlan,
+        dp_group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
+        self.config, self.algorithm, self.plan = config, algorithm, plan
+        self.dp_group, self.seed = dp_group, seed
+        self.dp_size = dp_world_size(dp_group)
+        if self.dp_size != plan.mesh.dp_size:
+            raise ValueError(
+                f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
+                "plan for this world size (derive_batch_plan) or pass the matching dp_group."
+            )
+        self.device = torch.device(device) if device is not None else next(module.parameters()).device
+        self._keep_logits = supports_logits_to_keep(module)
+        self._policy_loss = POLICY_LOSSES[algorithm.policy_loss]
+        self._num_updates = 0
+        self.last_update_tokens = 0
+        """Valid tokens (attention mask) forwarded and backwarded by the last :meth:`update_policy` on this rank."""
+
+    # ------------------------------------------------------------------------------------------- forward
+    def _forward(
+        self, micro: DataProto, *, temperature: float, calculate_entropy: bool, entropy_requires_grad: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        batch = micro.batch
+        assert batch is not None
+        return response_log_probs(
+            self.module,
+            input_ids=batch["input_ids"].to(self.device),
+            attention_mask=batch["attention_mask"].to(self.device),
+            position_ids=batch["position_ids"].to(self.device),
+            response_length=batch["responses"].shape[-1],
+            temperature=temperature,
+            calculate_entropy=calculate_entropy,
+            entropy_requires_grad=entropy_requires_grad,
+            use_remove_padding=self.config.use_remove_padding,
+            keep_logits=self._keep_logits,
+        )
+
+    def compute_log_prob(
+        self, data: DataProto, *, calculate_entropy: bool = False, temperature: float = 1.0
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (B, R) of ``responses`` under the current weights, and entropy (B, R) when asked.
+
+        Micro-batches of ``plan.log_prob_micro_batch_size_per_rank`` rows, or of at most
+        ``plan.log_prob_max_token_len_per_rank`` tokens with dynamic batch size; ``meta_info``'s
+        ``micro_batch_size`` / ``max_token_len`` / ``use_dynamic_bsz`` override the plan (the reference
+        policy uses its own sizes). No gradient. Results are fp32, in the input order, on the input's device.
+        A collective under FSDP: every rank of the group must call it with the same number of micro-batches
+        (guaranteed with dynamic batch size; with fixed ones, dispatch equal row counts).
+
+        Args:
+            data: Holds ``input_ids``, ``attention_mask``, ``position_ids`` (B, T) and ``responses`` (B, R).
+            calculate_entropy: Also return the token entropy.
+            temperature: Logits are divided by it (the rollout temperature).
+        """
+        _require(data, _FORWARD_KEYS, "compute_log_prob")
+        meta = data.meta_info
+        micro_batches, indices = make_micro_batches(
+            data.select(list(_FORWARD_KEYS)),
+            use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
+            micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
+            max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
+            dp_group=self.dp_group,
+        )
+        log_probs, entropies = [], []
+        with torch.no_grad():
+            for micro in micro_batches:
+                lp, ent = self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy)
+                log_probs.append(lp)
+                if ent is not None:
+                    entropies.append(ent)
+        out_device = data.batch["input_ids"].device  # type: ignore[index]
+        entropy = restore_order(entropies, indices).to(out_device) if calculate_entropy else None
+        return restore_order(log_probs, indices).to(out_device), entropy
+
+    # ------------------------------------------------------------------------------------------- update
+    def update_policy(self, data: DataProto) -> dict[str, float]:
+        """PPO epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation).
+
+        Args:
+            data: This rank's share: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T), ``responses``,
+                ``response_mask``, ``old_log_probs``, ``advantages`` (B, R), and ``ref_log_prob`` (B, R) when
+                ``algorithm.use_kl_loss``. ``meta_info['temperature']`` (default 1.0) must be the temperature
+                the old log-probs were computed with.
+
+        Returns:
+            Global metrics (identical on every rank; loss values are mini-batch losses averaged over the
+            optimizer steps, ratios are token-weighted means): ``actor/pg_loss``, ``actor/pg_clipfrac``,
+            ``actor/pg_clipfrac_lower``, ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` and
+            ``actor/kl_coef`` (with the KL loss), ``actor/grad_norm`` (mean over steps), ``actor/lr`` (of the
+            last step), ``actor/skipped_step_frac`` (share of steps skipped for a non-finite grad norm).
+
+        Raises:
+            ValueError: No optimizer, a missing key, or a batch that does not split into mini-batches.
+        """
+        if self.optimizer is None:
+            raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
+        keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
+        _require(data, keys, "update_policy")
+        data = data.select(list(keys))
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        step_seed = int(data.meta_info.get("global_steps", self._num_updates))
+        self.module.train()
+        acc = MetricAccumulator(self.device)
+        tokens = 0
+        for epoch in range(self.plan.ppo_epochs):
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step_seed * 1_009 + epoch)
+            minis = split_mini_batches(
+                data,
+                mini_batch_size=self.plan.mini_batch_size_per_rank,
+                shuffle=self.config.shuffle,
+                generator=generator,
+            )
+            for mini in minis:
+                tokens += self._update_mini_batch(mini, acc, temperature=temperature)
+        self._num_updates += 1
+        self.last_update_tokens = tokens
+        return acc.reduce(group=self.dp_group)
+
+    def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator, *, temperature: float) -> int:
+        """Accumulates the gradient of one mini-batch and steps; returns the valid tokens it forwarded."""
+        assert mini.batch is not None and self.optimizer is not None
+        num_tokens, num_seqs = global_counts(mini.batch["response_mask"], group=self.dp_group)
+        micro_batches, _ = make_micro_batches(
+            mini,
+            use_dynamic_bsz=self.plan.use_dynamic_bsz,
+            micro_batch_size=self.plan.micro_batch_size_per_rank,
+            max_token_len=self.plan.max_token_len_per_rank,
+            dp_group=self.dp_group,
+        )
+        for micro in micro_batches:
+            loss = self._micro_batch_loss(
+                micro, acc, num_tokens=num_tokens, num_seqs=num_seqs, temperature=temperature
+            )
+            (loss * self.dp_size).backward()  # FSDP averages over dp ranks; x dp_size makes it the sum
+        result = clipped_optimizer_step(self.module, self.optimizer, self.lr_scheduler, max_norm=self.config.grad_clip)
+        acc.num_steps += 1
+        acc.add_step("actor/grad_norm", result.grad_norm)
+        acc.add_step("actor/lr", result.lr)
+        acc.add_step("actor/skipped_step_frac", float(result.skipped))
+        return int(mini.batch["attention_mask"].sum())
+
+    def _micro_batch_loss(
+        self, micro: DataProto, acc: MetricAccumulator, *, num_tokens: float, num_seqs: float, temperature: float
+    ) -> Tensor:
+        """This micro-batch's contribution to the mini-batch loss (policy - entropy bonus + KL loss)."""
+        batch = micro.batch
+        assert batch is not None
+        algo = self.algorithm
+        mask = batch["response_mask"].to(self.device)
+        counts = {"global_num_tokens": num_tokens, "global_num_seqs": num_seqs, "norm_len": float(mask.shape[-1])}
+        use_entropy = algo.entropy_coeff != 0.0
+        log_prob, entropy = self._forward(
+            micro, temperature=temperature, calculate_entropy=True, entropy_requires_grad=use_entropy
+        )
+        assert entropy is not None
+        pg_loss, pg_metrics = self._policy_loss(
+            batch["old_log_probs"].to(self.device),
+            log_prob,
+            batch["advantages"].to(self.device),
+            mask,
+            clip_ratio_low=algo.clip_ratio_low,
+            clip_ratio_high=algo.clip_ratio_high,
+            clip_ratio_c=algo.clip_ratio_c,
+            loss_agg_mode=algo.loss_agg_mode,
+            **counts,
+        )
+        loss = pg_loss
+        if use_entropy:
+            loss = loss - algo.entropy_coeff * agg_loss(entropy, mask, algo.loss_agg_mode, **counts)
+        if algo.use_kl_loss:
+            kld = kl_penalty(log_prob, batch["ref_log_prob"].to(self.device), algo.kl_loss_type)
+            kl_loss = agg_loss(kld, mask, algo.loss_agg_mode, **counts)
+            loss = loss + algo.kl_loss_coef * kl_loss
+            acc.add_sum("actor/kl_loss", kl_loss.detach())
+            acc.add_step("actor/kl_coef", algo.kl_loss_coef)
+        weight = mask.sum()
+        acc.add_sum("actor/pg_loss", pg_loss.detach())
+        for name, value in pg_metrics.items():
+            acc.add_mean(name, value, weight)
+        acc.add_mean("actor/entropy", (entropy.detach() * mask).sum() / weight.clamp(min=1), weight)
+        return loss

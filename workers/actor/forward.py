@@ -1,0 +1,112 @@
+"""One forward pass of a causal LM to the log-probs (and entropy) of the response tokens.
+
+Notation: b = rows of the micro-batch, T = P + R full length, R = response length, V = vocab, K = packed
+positions predicting response tokens (remove-padding path).
+
+The logit at column t predicts the token at column t + 1, so responses (columns T - R .. T - 1) are
+predicted by columns T - R - 1 .. T - 2, i.e. ``logits[:, -R - 1 : -1]``. Only those positions go
+through the LM head (``logits_to_keep``), which skips the prompt's share of the (b, T, V) logits. The
+logits are cast to fp32 before the temperature division and the log-softmax.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor, nn
+
+from rlhf_ops.algorithms import entropy_from_logits, logprobs_from_logits
+from workers.utils.remove_padding import PackedBatch, pack_sequences, scatter_response
+
+__all__ = ["response_log_probs", "supports_logits_to_keep"]
+
+
+def supports_logits_to_keep(module: nn.Module) -> bool:
+    """Whether the model's forward accepts ``logits_to_keep`` (transformers >= 4.50 causal LMs)."""
+    return "logits_to_keep" in inspect.signature(type(module).forward).parameters
+
+
+def _response_logits(
+    module: nn.Module,
+    *,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    use_remove_padding: bool,
+    keep_logits: bool,
+) -> tuple[Tensor, Tensor, PackedBatch | None]:
+    """(logits of the predicting positions, their labels, packing info or None)."""
+    if use_remove_padding:
+        packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+        extra: dict[str, Tensor | int] = {"logits_to_keep": packed.keep} if keep_logits else {}
+        out = module(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False, **extra
+        )
+        logits = out.logits[0] if keep_logits else out.logits[0, packed.keep]  # (K, V)
+        return logits, packed.labels, packed
+    extra = {"logits_to_keep": response_length + 1} if keep_logits else {}  # (b, R + 1, V)
+    out = module(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **extra
+    )
+    logits = out.logits[:, -response_length - 1 : -1]  # (b, R, V)
+    return logits, input_ids[:, -response_length:], None
+
+
+def response_log_probs(
+    module: nn.Module,
+    *,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    entropy_requires_grad: bool = False,
+    use_remove_padding: bool = False,
+    keep_logits: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropy) of the response tokens of one micro-batch.
+
+    Args:
+        module: Causal LM (FSDP-wrapped or not); returns ``.logits`` (b, T, V) or (b, k, V).
+        input_ids: (b, T).
+        attention_mask: (b, T).
+        position_ids: (b, T).
+        response_length: R.
+        temperature: Logits are divided by it (the rollout's sampling temperature).
+        calculate_entropy: Also return the token entropy.
+        entropy_requires_grad: Keep the entropy in the autograd graph (entropy bonus); else computed
+            under ``no_grad`` as a metric only.
+        use_remove_padding: Forward on one packed row without pad tokens (see ``workers.utils.remove_padding``).
+        keep_logits: Pass ``logits_to_keep`` (see :func:`supports_logits_to_keep`).
+
+    Returns:
+        ``(log_probs (b, R) fp32, entropy (b, R) fp32 or None)``. Columns outside the response mask hold
+        unspecified values (zeros, the pad token's log-prob, or the next packed sequence's token's); mask them.
+    """
+    logits, labels, packed = _response_logits(
+        module,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_length=response_length,
+        use_remove_padding=use_remove_padding,
+        keep_logits=keep_logits,
+    )
+    logits = logits.float() / temperature  # fp32 BEFORE log-softmax: bf16 logits lose ~3 digits of the ratio
+    log_probs = logprobs_from_logits(logits, labels)
+    entropy: Tensor | None = None
+    if calculate_entropy:
+        if entropy_requires_grad:
+            entropy = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
+    if packed is not None:
+        rows = input_ids.shape[0]
+        log_probs = scatter_response(log_probs, packed, batch_size=rows, response_length=response_length)
+        if entropy is not None:
+            entropy = scatter_response(entropy, packed, batch_size=rows, response_length=response_length)
+    return log_probs, entropy

@@ -1,0 +1,80 @@
+"""Driver-side clients: the typed role interfaces of ``rlhf_ops.trainer.roles`` over Ray worker groups.
+
+Each method is one ``group.call`` on a registered worker method; metrics come back in ``meta_info``
+(one value per data-parallel rank) and are averaged here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_ops.protocol import DataProto
+from rlhf_ops.trainer.metrics import reduce_worker_metrics
+from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
+from workers.critic.critic_worker import CriticWorker
+from workers.reward_model.reward_model_worker import RewardModelWorker
+from workers.single_controller.worker_group import RayWorkerGroup
+
+
+def _metrics(out: DataProto) -> dict[str, float]:
+    merged: dict[str, Any] = dict(out.meta_info.get("metrics") or {})
+    per_rank = [{k: v[i] for k, v in merged.items()} for i in range(min((len(v) for v in merged.values()), default=0))]
+    return reduce_worker_metrics(per_rank)
+
+
+class ActorRolloutRefClient:
+    """:class:`~rlhf_ops.trainer.roles.ActorRolloutRef` over an ``ActorRolloutRefWorker`` group."""
+
+    def __init__(self, group: RayWorkerGroup[ActorRolloutRefWorker]) -> None:
+        self.group = group
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        out: DataProto = self.group.call(ActorRolloutRefWorker.generate_sequences, prompts)
+        timing = out.meta_info.get("timing") or {}
+        # concat keeps the first chunk's timing: rank 0's, representative of the (balanced) ranks.
+        out.meta_info["timing"] = {k: float(v) for k, v in timing.items()}
+        return out
+
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        result: DataProto = self.group.call(ActorRolloutRefWorker.compute_ref_log_prob, data)
+        return result
+
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        return _metrics(self.group.call(ActorRolloutRefWorker.update_actor, data))
+
+    def save_checkpoint(self, path: str) -> None:
+        self.group.call(ActorRolloutRefWorker.save_checkpoint, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.group.call(ActorRolloutRefWorker.load_checkpoint, path)
+
+
+class CriticClient:
+    """:class:`~rlhf_ops.trainer.roles.Critic` over a ``CriticWorker`` group."""
+
+    def __init__(self, group: RayWorkerGroup[CriticWorker]) -> None:
+        self.group = group
+
+    def compute_values(self, data: DataProto) -> DataProto:
+        result: DataProto = self.group.call(CriticWorker.compute_values, data)
+        return result
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        return _metrics(self.group.call(CriticWorker.update_critic, data))
+
+    def save_checkpoint(self, path: str) -> None:
+        self.group.call(CriticWorker.save_checkpoint, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.group.call(CriticWorker.load_checkpoint, path)
+
+
+class RewardModelClient:
+    """:class:`~rlhf_ops.trainer.roles.RewardModel` over a ``RewardModelWorker`` group."""
+
+    def __init__(self, group: RayWorkerGroup[RewardModelWorker]) -> None:
+        self.group = group
+
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        result: DataProto = self.group.call(RewardModelWorker.compute_rm_score, data)
+        return result

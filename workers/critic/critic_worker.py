@@ -1,0 +1,111 @@
+"""``CriticWorker``: one Ray actor per rank holding the FSDP2 value model and its optimizer."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, ModelConfig
+from rlhf_ops.protocol import DataProto
+from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
+from workers.critic.dp_critic import DataParallelPPOCritic
+from workers.fsdp.mesh import build_device_mesh, get_device
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer
+from workers.fsdp.wrap import build_fsdp_model
+from workers.single_controller.decorator import Dispatch, register
+from workers.single_controller.worker import RankContext, Worker
+from workers.utils.perf import mfu, num_parameters
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticSpec:
+    """The critic's sections of the config, resolved by the driver."""
+
+    model_path: str
+    model: ModelConfig
+    critic: CriticConfig
+    algorithm: AlgorithmConfig
+    plan: PPOPlan
+    total_training_steps: int
+    seed: int
+    device: str
+
+
+class CriticWorker(Worker):
+    """One rank of the critic group (PPO with GAE)."""
+
+    def __init__(self, ctx: RankContext, *, spec: CriticSpec) -> None:
+        super().__init__(ctx)
+        self.spec = spec
+        self.critic: DataParallelPPOCritic | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        spec = self.spec
+        torch.manual_seed(spec.seed)
+        self.device = get_device(spec.device)
+        mesh = build_device_mesh(
+            self.world_size, replicate_size=spec.critic.fsdp.hsdp_replicate_size, device_type=self.device.type
+        )
+        module = build_fsdp_model(
+            spec.model_path,
+            kind="value",
+            mesh=mesh,
+            cfg=spec.critic.fsdp,
+            device=self.device,
+            dtype=spec.model.dtype,
+            attn_implementation=spec.model.attn_implementation,
+            trust_remote_code=spec.model.trust_remote_code,
+        )
+        optimizer = build_optimizer(module, spec.critic.optim)
+        steps = max(1, spec.total_training_steps * spec.plan.num_mini_batches * spec.plan.ppo_epochs)
+        scheduler = build_lr_scheduler(optimizer, spec.critic.optim, steps)
+        self.critic = DataParallelPPOCritic(
+            module,
+            optimizer,
+            scheduler,
+            config=spec.critic,
+            algorithm=spec.algorithm,
+            plan=spec.plan,
+            device=self.device,
+            seed=spec.seed,
+        )
+        self.num_params = num_parameters(module)
+        dist.barrier()
+
+    def _critic(self) -> DataParallelPPOCritic:
+        if self.critic is None:
+            raise RuntimeError("critic: call init_model first")
+        return self.critic
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, R)."""
+        values = self._critic().compute_values(data.to(self.device))
+        return DataProto.from_dict({"values": values.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """One value-function update; ``critic/*`` metrics in ``meta_info``."""
+        critic = self._critic()
+        start = time.perf_counter()
+        metrics = critic.update_critic(data.to(self.device))
+        tokens = int(data.batch["attention_mask"].sum().item()) * self.spec.plan.ppo_epochs  # type: ignore[index]
+        metrics["perf/mfu/critic"] = mfu(
+            num_params=self.num_params, tokens=tokens, seconds=time.perf_counter() - start, device=self.device
+        )
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        critic = self._critic()
+        save_role_checkpoint(path, critic.module, critic.optimizer, critic.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        critic = self._critic()
+        load_role_checkpoint(path, critic.module, critic.optimizer, critic.lr_scheduler)

@@ -1,0 +1,191 @@
+"""``DataParallelPPOCritic``: values and the clipped value-loss update of an FSDP2 critic (verl's ``dp_critic.py``).
+
+Notation: B = sequences on this rank, T = P + R full length, R = response length.
+
+The critic is a token-classification model with one label (``load_hf_model(kind="value")``): logits
+(B, T, 1) are the value of each prefix. As in verl, the value of response token j is read at the column
+that predicts it, ``[-R - 1 : -1]``, and masked by ``response_mask``. Loss scaling is the actor's (see
+``workers.actor.dp_actor``): global counts per mini-batch, loss x dp_size before backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from rlhf_ops.algorithms import compute_value_loss
+from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig
+from rlhf_ops.protocol import DataProto
+from workers.fsdp.optim import clipped_optimizer_step
+from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
+from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
+from workers.utils.remove_padding import pack_sequences, scatter_response
+
+__all__ = ["DataParallelPPOCritic"]
+
+_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+_UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "values", "returns")
+
+
+def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:
+    present = set(data.batch.keys()) if data.batch is not None else set()
+    missing = [k for k in keys if k not in present]
+    if missing:
+        raise ValueError(f"{what} needs batch keys {missing}; present: {sorted(present)}.")
+
+
+class DataParallelPPOCritic:
+    """The math-facing loops of the critic.
+
+    Args:
+        module: Value model (FSDP2-wrapped or plain), logits (B, T, 1).
+        optimizer: Needed by :meth:`update_critic`.
+        lr_scheduler: Stepped after every optimizer step.
+        config: The critic section (grad clip, ``cliprange_value``, remove padding).
+        algorithm: ``loss_agg_mode`` and ``ppo_epochs``.
+        plan: Per-rank sizes of the critic (``BatchPlan.critic``).
+        dp_group: Group of all data-parallel ranks; its size must equal ``plan.mesh.dp_size``.
+        device: Compute device; default: the first parameter's.
+        seed: Unused shuffling seed slot kept for symmetry with the actor (the critic does not shuffle).
+    """
+
+    role = "critic"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer | None = None,
+        lr_scheduler: LRScheduler | None = None,
+        *,
+        config: CriticConfig,
+        algorithm: AlgorithmConfig,
+        plan: PPOPlan,
+        dp_group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
+        self.config, self.algorithm, self.plan = config, algorithm, plan
+        self.dp_group, self.seed = dp_group, seed
+        self.dp_size = dp_world_size(dp_group)
+        if self.dp_size != plan.mesh.dp_size:
+            raise ValueError(
+                f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
+                "plan for this world size (derive_batch_plan) or pass the matching dp_group."
+            )
+        self.device = torch.device(device) if device is not None else next(module.parameters()).device
+        self.last_update_tokens = 0
+
+    def _forward(self, micro: DataProto) -> Tensor:
+        """Values (b, R) fp32 at the columns predicting the response tokens (unmasked)."""
+        batch = micro.batch
+        assert batch is not None
+        input_ids = batch["input_ids"].to(self.device)
+        attention_mask = batch["attention_mask"].to(self.device)
+        position_ids = batch["position_ids"].to(self.device)
+        response_length = batch["responses"].shape[-1]
+        if self.config.use_remove_padding:
+            packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+            out = self.module(
+                input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
+            )
+            values = out.logits[0, packed.keep, 0].float()  # (K,)
+            return scatter_response(values, packed, batch_size=input_ids.shape[0], response_length=response_length)
+        out = self.module(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        return out.logits[:, -response_length - 1 : -1, 0].float()  # (b, R)
+
+    def compute_values(self, data: DataProto) -> Tensor:
+        """Values (B, R), zero outside ``response_mask`` (as verl), in input order, on the input's device.
+
+        Micro-batches as ``compute_log_prob`` of the actor (plan's log-prob sizes, ``meta_info`` overrides).
+
+        Args:
+            data: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T), ``responses``, ``response_mask`` (B, R).
+        """
+        _require(data, (*_FORWARD_KEYS, "response_mask"), "compute_values")
+        meta = data.meta_info
+        micro_batches, indices = make_micro_batches(
+            data.select([*_FORWARD_KEYS, "response_mask"]),
+            use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
+            micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
+            max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
+            dp_group=self.dp_group,
+        )
+        outputs = []
+        with torch.no_grad():
+            for micro in micro_batches:
+                assert micro.batch is not None
+                mask = micro.batch["response_mask"].to(self.device)
+                outputs.append(self._forward(micro) * mask)
+        return restore_order(outputs, indices).to(data.batch["input_ids"].device)  # type: ignore[index]
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Epochs x mini-batches (one optimizer step each) x micro-batches of the clipped value loss.
+
+        Args:
+            data: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T); ``responses``, ``response_mask``,
+                ``values`` (the critic's values at rollout time), ``returns`` (B, R).
+
+        Returns:
+            Global metrics: ``critic/vf_loss`` (mini-batch loss averaged over steps), ``critic/vf_clipfrac``,
+            ``critic/vpred_mean`` (token-weighted), ``critic/grad_norm``, ``critic/lr``, ``critic/skipped_step_frac``.
+
+        Raises:
+            ValueError: No optimizer, a missing key, or a batch that does not split into mini-batches.
+        """
+        if self.optimizer is None:
+            raise ValueError("update_critic needs an optimizer; build it with build_optimizer(...).")
+        _require(data, _UPDATE_KEYS, "update_critic")
+        data = data.select(list(_UPDATE_KEYS))
+        self.module.train()
+        acc = MetricAccumulator(self.device)
+        tokens = 0
+        for _ in range(self.plan.ppo_epochs):
+            for mini in split_mini_batches(data, mini_batch_size=self.plan.mini_batch_size_per_rank, shuffle=False):
+                tokens += self._update_mini_batch(mini, acc)
+        self.last_update_tokens = tokens
+        return acc.reduce(group=self.dp_group)
+
+    def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> int:
+        assert mini.batch is not None and self.optimizer is not None
+        num_tokens, num_seqs = global_counts(mini.batch["response_mask"], group=self.dp_group)
+        micro_batches, _ = make_micro_batches(
+            mini,
+            use_dynamic_bsz=self.plan.use_dynamic_bsz,
+            micro_batch_size=self.plan.micro_batch_size_per_rank,
+            max_token_len=self.plan.max_token_len_per_rank,
+            dp_group=self.dp_group,
+        )
+        for micro in micro_batches:
+            batch = micro.batch
+            assert batch is not None
+            mask = batch["response_mask"].to(self.device)
+            vpreds = self._forward(micro)
+            vf_loss, vf_metrics = compute_value_loss(
+                vpreds,
+                batch["returns"].to(self.device),
+                batch["values"].to(self.device),
+                mask,
+                cliprange_value=self.config.cliprange_value,
+                loss_agg_mode=self.algorithm.loss_agg_mode,
+                global_num_tokens=num_tokens,
+                global_num_seqs=num_seqs,
+                norm_len=float(mask.shape[-1]),
+            )
+            (vf_loss * self.dp_size).backward()  # FSDP averages over dp ranks; x dp_size makes it the sum
+            weight = mask.sum()
+            acc.add_sum("critic/vf_loss", vf_loss.detach())
+            acc.add_mean("critic/vf_clipfrac", vf_metrics["critic/vf_clipfrac"], weight)
+            acc.add_mean("critic/vpred_mean", (vpreds.detach() * mask).sum() / weight.clamp(min=1), weight)
+        result = clipped_optimizer_step(self.module, self.optimizer, self.lr_scheduler, max_norm=self.config.grad_clip)
+        acc.num_steps += 1
+        acc.add_step("critic/grad_norm", result.grad_norm)
+        acc.add_step("critic/lr", result.lr)
+        acc.add_step("critic/skipped_step_frac", float(result.skipped))
+        return int(mini.batch["attention_mask"].sum())

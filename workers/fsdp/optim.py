@@ -1,0 +1,140 @@
+"""Optimizer, learning-rate schedule, optimizer-state offload and the clipped optimizer step.
+
+Everything here works on FSDP2 ``DTensor`` parameters as on plain tensors: AdamW steps each rank's
+shard, ``clip_grad_norm_`` reduces the squared norms of the shards over the mesh (the returned norm is a
+replicated ``DTensor``, read with ``full_tensor()``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from torch.optim import AdamW, Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from rlhf_ops.config.schema import OptimConfig
+
+__all__ = [
+    "StepResult",
+    "build_lr_scheduler",
+    "build_optimizer",
+    "clip_grad_norm",
+    "clipped_optimizer_step",
+    "load_optimizer_state",
+    "offload_optimizer_state",
+]
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig) -> AdamW:
+    """AdamW over the trainable parameters of ``model`` (call after ``apply_fsdp2``: it sees the shards)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            "the model has no trainable parameters (requires_grad=False everywhere); nothing to optimise."
+        )
+    return AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+
+
+def _lr_lambda(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    warmup = optim.lr_warmup_steps
+    floor = optim.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warmup:  # linear from 0 (step 0) to 1 (step = warmup)
+            return step / warmup
+        if optim.lr_scheduler == "constant":
+            return 1.0
+        # Half a cosine from 1 (end of warm-up) to min_lr_ratio (total_steps), then flat (verl's formula).
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_lr_scheduler(optimizer: Optimizer, optim: OptimConfig, total_steps: int) -> LambdaLR:
+    """Linear warm-up over ``lr_warmup_steps`` optimizer steps, then constant or cosine to ``min_lr_ratio * lr``.
+
+    Step the scheduler once per optimizer step. The lr of step ``s`` (0-based) is ``lr * factor(s)`` with
+    ``factor(s) = s / warmup`` during warm-up (so the first step runs at lr 0 when warm-up is on, as in verl),
+    then 1 (constant) or ``min + (1 - min) * (1 + cos(pi * p)) / 2`` with ``p = (s - warmup) / (total - warmup)``.
+
+    Raises:
+        ValueError: ``total_steps`` < 1 or not above ``lr_warmup_steps`` with a cosine schedule.
+    """
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1 (optimizer steps of the run), got {total_steps}.")
+    if optim.lr_scheduler == "cosine" and total_steps <= optim.lr_warmup_steps:
+        raise ValueError(
+            f"optim.lr_warmup_steps={optim.lr_warmup_steps} must be below the run's {total_steps} optimizer steps "
+            "for a cosine schedule; lower the warm-up or use lr_scheduler='constant'."
+        )
+    return LambdaLR(optimizer, _lr_lambda(optim, total_steps))
+
+
+def _move_optimizer_state(optimizer: Optimizer, device: torch.device | str) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, Tensor) and value.device != torch.device(device):
+                state[key] = value.to(device, non_blocking=True)
+
+
+def offload_optimizer_state(optimizer: Optimizer) -> None:
+    """Moves every optimizer state tensor (Adam moments, DTensor shards included) to the host."""
+    _move_optimizer_state(optimizer, "cpu")
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_optimizer_state(optimizer: Optimizer, device: torch.device | str) -> None:
+    """Moves the optimizer state back to ``device`` before ``optimizer.step()``."""
+    _move_optimizer_state(optimizer, device)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
+    """Clips the global gradient norm to ``max_norm`` and returns the norm before clipping.
+
+    Works on FSDP2 DTensor gradients: ``torch.nn.utils.clip_grad_norm_`` reduces the shard norms over the
+    mesh (a collective: every rank must call it). A non-finite norm is returned as is; the caller skips the
+    step. Gradients are then scaled by NaN, which does not matter as they are zeroed before the next use.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """Outcome of one :func:`clipped_optimizer_step`."""
+
+    grad_norm: float
+    """Global gradient norm before clipping (may be inf / nan)."""
+    lr: float
+    """Learning rate the step ran at (before the scheduler advanced)."""
+    skipped: bool
+    """True when the norm was not finite: no parameter changed, the scheduler did not advance."""
+
+
+def clipped_optimizer_step(
+    module: nn.Module, optimizer: Optimizer, lr_scheduler: LRScheduler | None, *, max_norm: float
+) -> StepResult:
+    """Grad clip -> ``optimizer.step()`` -> ``lr_scheduler.step()`` -> ``zero_grad``; skips non-finite norms."""
+    grad_norm = clip_grad_norm(module.parameters(), max_norm)
+    lr = float(optimizer.param_groups[0]["lr"])
+    skipped = not math.isfinite(grad_norm)
+    if not skipped:
+        optimizer.step()
+        if lr_scheduler is not None:
+            lr_scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped)

@@ -1,0 +1,1 @@
+"""The reward-model role: a sequence-classification model scoring full sequences."""
