@@ -50,6 +50,33 @@ def _sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_data(args: argparse.Namespace) -> int:
+    from rlhf_ops.data.prepare import prepare_from_args
+
+    return prepare_from_args(args)
+
+
+def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    prep = sub.add_parser("prepare-data", help="validate, tokenise-check and split raw data into <out>/<run-id>/")
+    prep.add_argument("source", help="raw data URL: .jsonl/.parquet file, shard folder, HF datasets folder, builtin:<task>")
+    prep.add_argument("--out", required=True, help="output root URL; files go to <out>/<run-id>/")
+    prep.add_argument("--run-id", required=True, help="folder key, e.g. the Airflow run id; a retry rewrites the same files")
+    prep.add_argument("--tokenizer", required=True, help="the policy's tokenizer dir (model.path) or builtin:tiny-llama")
+    prep.add_argument("--max-prompt-length", type=int, required=True, help="tokens; the run's data.max_prompt_length")
+    prep.add_argument("--val-source", default=None, help="separate validation rows (then --val-fraction is ignored)")
+    prep.add_argument("--val-fraction", type=float, default=None, help="share of prompts hashed into val (default 0.05)")
+    prep.add_argument("--seed", type=int, default=None, help="seed of the split hash (default 0)")
+    prep.add_argument("--field", action="append", default=[], metavar="OURS=THEIRS", help="e.g. ground_truth=answer")
+    prep.add_argument("--prompt-format", choices=("auto", "text", "chat"), default=None)
+    prep.add_argument("--system-prompt", default=None, help="needs --prompt-format chat")
+    prep.add_argument("--prompt-template", default=None, help="template with {prompt}")
+    prep.add_argument("--no-chat-template", action="store_true", help="count tokens without the chat template")
+    prep.add_argument("--max-rejected-fraction", type=float, default=None, help="fail above this share (default 0.1)")
+    prep.add_argument("--limit", type=int, default=None, help="read at most this many rows per source")
+    prep.add_argument("--default-data-source", default=None, help="data_source of rows without one")
+    prep.set_defaults(func=_prepare_data)
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny-cpu", help="shipped preset name or YAML path")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_ctrl.kl_coef=0.02")
@@ -73,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     train.add_argument("--ray-address", default=None, help="Ray address; default: local cluster")
     train.set_defaults(func=_train)
+
+    _add_prepare_parser(sub)
 
     sync = sub.add_parser("sync", help="upload every complete checkpoint of a run folder")
     sync.add_argument("local_run_dir")
