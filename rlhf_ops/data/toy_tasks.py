@@ -7,8 +7,10 @@ alphabet (:mod:`rlhf_ops.models.tiny`). Scoring lives in :mod:`rlhf_ops.rewards.
 
 Tasks:
     ``copy_digit`` (``data_source="toy/copy_digit"``): prompt ``"copy: 7"`` → answer ``"7"``. The
-        reward depends on the prompt's digit, so the policy must read the prompt; a random-init tiny
-        model learns it within ~40 GRPO steps on CPU (see ``tests/unit/rewards/test_rewards.py``).
+        reward depends on the prompt's digit, so the policy must read the prompt. From the random-init
+        tiny model, GRPO (16 prompts x n=8, lr 1e-2) lifts the mean shaped score from ~0.04 to ~0.15 in
+        30 steps on one CPU core (``tests/unit/rollout/test_toy_learnability.py``); most of that is
+        "answer with a digit", the right digit rises above chance more slowly.
     ``add_digits`` (``data_source="toy/add_digits"``): prompt ``"2+5="`` → answer ``"7"`` (a, b in 0..9,
         so answers have one or two digits). Exact answers suit accuracy and pass@k evaluation.
 """

@@ -165,10 +165,15 @@ def build_tiny_model_dir(
     Raises:
         ValueError: if ``out_dir`` exists with other contents or another build's arguments.
     """
-    spec = _spec(
-        "causal_lm", seed, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings
-    )
-    return _build_dir(Path(out_dir), spec, LlamaForCausalLM)
+    sizes = {
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    return _build_dir(Path(out_dir), _spec("causal_lm", seed, sizes), LlamaForCausalLM)
 
 
 def build_tiny_reward_model_dir(
@@ -188,15 +193,20 @@ def build_tiny_reward_model_dir(
     of the last non-pad token of each row (``pad_token_id`` is set, so left and right padding both work).
     Same arguments, idempotence and errors as :func:`build_tiny_model_dir`.
     """
-    spec = _spec(
-        "reward_model", seed, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings
-    )
-    return _build_dir(Path(out_dir), spec, LlamaForSequenceClassification)
+    sizes = {
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    return _build_dir(Path(out_dir), _spec("reward_model", seed, sizes), LlamaForSequenceClassification)
 
 
-def _spec(kind: str, seed: int, *sizes: int) -> dict[str, Any]:
-    names = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_position_embeddings")
-    return {"format": _BUILD_FORMAT, "kind": kind, "seed": seed, "alphabet": ALPHABET, **dict(zip(names, sizes))}
+def _spec(kind: str, seed: int, sizes: Mapping[str, int]) -> dict[str, Any]:
+    """The build record: equal records mean byte-identical directories (the alphabet fixes the tokenizer)."""
+    return {"format": _BUILD_FORMAT, "kind": kind, "seed": seed, "alphabet": ALPHABET, **sizes}
 
 
 def _read_spec(out_dir: Path) -> dict[str, Any] | None:

@@ -76,8 +76,14 @@ def compute_token_level_scores(
     """
     batch = responses.shape[0]
     if responses.dim() != 2 or response_mask.shape != responses.shape:
-        raise ValueError(f"responses {tuple(responses.shape)} and response_mask {tuple(response_mask.shape)} must be (B, R).")
-    columns = {"decoded": decoded, "data_sources": data_sources, "ground_truths": ground_truths}
+        raise ValueError(
+            f"responses {tuple(responses.shape)} and response_mask {tuple(response_mask.shape)} must be (B, R)."
+        )
+    columns: dict[str, Sequence[Any]] = {
+        "decoded": decoded,
+        "data_sources": data_sources,
+        "ground_truths": ground_truths,
+    }
     if extra_infos is not None:
         columns["extra_infos"] = extra_infos
     for name, column in columns.items():
@@ -88,13 +94,19 @@ def compute_token_level_scores(
     for i in range(batch):
         info = None if extra_infos is None else extra_infos[i]
         score, extra = _score_one(
-            reward_fn, data_source=str(data_sources[i]), solution=decoded[i], truth=str(ground_truths[i]), extra_info=info
+            reward_fn,
+            data_source=str(data_sources[i]),
+            solution=decoded[i],
+            truth=str(ground_truths[i]),
+            extra_info=info,
         )
         scores.append(score)
         extras.append(extra)
     keys = set(extras[0]) if extras else set()
     if any(set(e) != keys for e in extras):
-        raise ValueError("reward function returned dicts with different keys across rows; return the same keys always.")
+        raise ValueError(
+            "reward function returned dicts with different keys across rows; return the same keys always."
+        )
     lengths = response_mask.long().sum(dim=-1)
     last = (lengths - 1).clamp(min=0)  # (B,) column of the last valid token
     token_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)

@@ -49,6 +49,8 @@ class HFRollout:
         top_k: Default top-k (-1 disables).
         do_sample: Default; False decodes greedily.
         seed: Seed of the engine's generator; two engines with equal seeds and equal calls sample equally.
+            A call whose ``meta_info`` holds ``global_steps`` reseeds it from (seed, step) first, so a run
+            resumed from a checkpoint samples exactly what an uninterrupted one would.
         logprobs_mode: What ``rollout_log_probs`` holds (see :mod:`workers.rollout.base`).
         sync_stop: Stop decoding only when every rank's rows have finished (an all-reduce per step), so that
             all ranks run the same number of forwards. None: on iff ``module`` is FSDP2-wrapped and
@@ -98,6 +100,9 @@ class HFRollout:
         start = time.perf_counter()
         params = SamplingParams.from_meta(prompts.meta_info, self.defaults)
         input_ids, attention_mask, position_ids = self._prompt_tensors(prompts)
+        if prompts.meta_info.get("global_steps") is not None:
+            step = int(prompts.meta_info["global_steps"])
+            self._generator = torch.Generator(device=input_ids.device).manual_seed(self.seed * 1_000_003 + step)
         if params.n > 1:  # row i of the output is sample i % n of prompt i // n
             input_ids, attention_mask, position_ids = (
                 t.repeat_interleave(params.n, dim=0) for t in (input_ids, attention_mask, position_ids)
@@ -215,6 +220,9 @@ class HFRollout:
             # discarded, and unfinished rows never see other rows.
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
             logits, cache = self._forward(
-                input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos + step, past_key_values=cache
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=mask,
+                position_ids=next_pos + step,
+                past_key_values=cache,
             )
         return responses, logprobs
