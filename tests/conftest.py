@@ -32,7 +32,13 @@ def ray_cluster() -> Iterator[None]:
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=True,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
+            runtime_env={
+                "env_vars": {
+                    "OMP_NUM_THREADS": "1",
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                }
+            },
         )
     yield
     ray.shutdown()

@@ -1,7 +1,8 @@
 """The controller's checkpoint policy: save (commit rule), retention, background sync, resume.
 
-A save writes every role's shards (collective on the workers), then ``trainer_state.json``, then
-``MANIFEST.json``, then ``latest``; only then is the checkpoint handed to the background syncer.
+A save writes every role's shards (collective on the workers), the HF export ``hf/`` when asked for
+(from the driver, reading the actor's shards), then ``trainer_state.json``, then ``MANIFEST.json``, then
+``latest``; only then is the checkpoint handed to the background syncer.
 Resume picks the newest complete checkpoint, local or remote (``resume_mode=auto``), or the one
 named by ``resume_mode``, verifies it against its manifest, and loads it.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from rlhf_ops.checkpoint.manifest import CorruptCheckpointError as CorruptCheckpointError
 from rlhf_ops.checkpoint.manifest import (
     apply_retention,
     find_latest_complete,
@@ -24,11 +26,11 @@ from rlhf_ops.checkpoint.manifest import (
     verify_checkpoint,
     write_manifest,
 )
-from rlhf_ops.checkpoint.manifest import CorruptCheckpointError as CorruptCheckpointError
 
 log = logging.getLogger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.json"
+HF_EXPORT_DIR = "hf"
 
 
 class _Role(Protocol):
@@ -52,6 +54,8 @@ class CheckpointManager:
         resume_mode: ``auto``, ``disable`` or a checkpoint path / URL.
         storage_options: fsspec options for the remote store (credentials never come from config).
         on_commit: Called with ``(step, local_dir)`` after each local commit (events, eval triggers).
+        hf_base_model_path: When set (``trainer.save_hf_model``), each save also writes ``<ckpt>/hf/``, an HF
+            model folder of the actor built on this base model's config and tokenizer.
     """
 
     def __init__(
@@ -64,10 +68,12 @@ class CheckpointManager:
         resume_mode: str = "auto",
         storage_options: dict[str, Any] | None = None,
         on_commit: Callable[[int, str], None] | None = None,
+        hf_base_model_path: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.roles, self.remote_url, self.keep_last = roles, remote_url, keep_last
         self.resume_mode, self.storage_options, self.on_commit = resume_mode, storage_options, on_commit
+        self.hf_base_model_path = hf_base_model_path
         self.best_step: int | None = None
         self.saved_steps: list[int] = []
         self._syncer = None
@@ -95,6 +101,10 @@ class CheckpointManager:
         ckpt.mkdir(parents=True)
         for name, role in self.roles.items():
             role.save_checkpoint(str(ckpt / name))
+        if self.hf_base_model_path is not None and "actor" in self.roles:
+            from rlhf_ops.checkpoint.export import export_hf_model
+
+            export_hf_model(ckpt, ckpt / HF_EXPORT_DIR, base_model_path=self.hf_base_model_path, verify=False)
         (ckpt / TRAINER_STATE_FILE).write_text(json.dumps(state))
         write_manifest(ckpt, step=step, extra={"roles": sorted(self.roles)})
         update_latest(self.run_dir, step)
@@ -138,13 +148,13 @@ class CheckpointManager:
 
             fs, path = open_store(where, storage_options=self.storage_options)
             return self._download(where, read_manifest(path, fs=fs).step)
-        path = Path(where.removeprefix("file://"))
-        if not is_complete(path):
+        local = Path(where.removeprefix("file://"))
+        if not is_complete(local):
             raise ValueError(
                 f"trainer.resume_mode: {where} is not a complete checkpoint (no MANIFEST.json); "
                 "point it at a global_step_<N> folder, or use resume_mode=auto"
             )
-        return path
+        return local
 
     def _download(self, url: str, step: int) -> Path:
         from rlhf_ops.storage import download_checkpoint

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | N
     return current
 
 
-def _fix_for(error: dict[str, Any], root: type[BaseModel]) -> str:
+def _fix_for(error: Mapping[str, Any], root: type[BaseModel]) -> str:
     kind, ctx, loc = error["type"], error.get("ctx") or {}, error["loc"]
     if kind == "extra_forbidden":
         owner = _model_at(root, loc)

@@ -17,6 +17,8 @@ AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_
 KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 DType = Literal["float32", "bfloat16", "float16"]
+LoggerName = Literal["console", "jsonl", "mlflow"]
+DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
 
 
 class _Section(BaseModel):
@@ -44,7 +46,7 @@ class ModelConfig(_Section):
         "sdpa", description="HF attention kernel; flash_attention_2 needs flash-attn (GPU image)."
     )
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the model directory.")
-    lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class DataConfig(_Section):
@@ -81,7 +83,7 @@ class AlgorithmConfig(_Section):
     norm_adv_by_std_in_grpo: bool = Field(True, description="False gives Dr.GRPO (no std normalisation).")
     use_kl_in_reward: bool = Field(False, description="Subtract beta * KL(actor || ref) from token rewards.")
     kl_penalty: KLPenalty = Field("kl", description="KL estimator used in the reward.")
-    kl_ctrl: KLControllerConfig = Field(default_factory=KLControllerConfig)  # type: ignore[arg-type]
+    kl_ctrl: KLControllerConfig = Field(default_factory=KLControllerConfig)
     use_kl_loss: bool = Field(False, description="Add kl_loss_coef * KL(actor || ref) to the actor loss.")
     kl_loss_coef: float = Field(0.001, ge=0.0, description="Weight of the KL loss.")
     kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator used in the loss (k3 = low_var_kl).")
@@ -120,7 +122,7 @@ class FSDPConfig(_Section):
     optimizer_offload: bool = Field(False, description="Move optimizer state to the host between updates.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
-    mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)  # type: ignore[arg-type]
+    mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
     hsdp_replicate_size: int = Field(
         1, gt=0, description="HSDP: replicate across this many groups, shard within each (1 = plain FSDP)."
     )
@@ -129,7 +131,7 @@ class FSDPConfig(_Section):
 class ActorConfig(_Section):
     """Actor (policy) training: batch sizes, optimizer, FSDP, efficiency options."""
 
-    optim: OptimConfig = Field(default_factory=OptimConfig)  # type: ignore[arg-type]
+    optim: OptimConfig = Field(default_factory=OptimConfig)
     grad_clip: float = Field(1.0, gt=0.0, description="Max global grad norm.")
     ppo_mini_batch_size: int = Field(16, gt=0, description="Prompts per optimizer step (x rollout.n sequences).")
     ppo_micro_batch_size_per_gpu: int = Field(4, gt=0, description="Sequences per forward/backward per rank.")
@@ -140,7 +142,7 @@ class ActorConfig(_Section):
     use_remove_padding: bool = Field(False, description="Run forward on packed sequences (no pad tokens).")
     ulysses_sequence_parallel_size: int = Field(1, gt=0, description="Ranks sharing one sequence (Ulysses).")
     shuffle: bool = Field(False, description="Shuffle sequences before splitting into mini-batches.")
-    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)  # type: ignore[arg-type]
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
 class CriticConfig(_Section):
@@ -157,7 +159,7 @@ class CriticConfig(_Section):
     ppo_max_token_len_per_gpu: int = Field(32768, gt=0)
     use_remove_padding: bool = False
     ulysses_sequence_parallel_size: int = Field(1, gt=0)
-    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)  # type: ignore[arg-type]
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
 class RefConfig(_Section):
@@ -194,7 +196,7 @@ class RolloutConfig(_Section):
     enforce_eager: bool = Field(True, description="vLLM: disable CUDA graphs.")
     free_cache_engine: bool = Field(True, description="vLLM on GPU: sleep (free KV cache + weights) in training.")
     weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
-    val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)  # type: ignore[arg-type]
+    val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)
 
 
 class RewardConfig(_Section):
@@ -232,7 +234,7 @@ class TrainerConfig(_Section):
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
     seed: int = 1
     log_every: int = Field(1, gt=0)
-    logger: list[Literal["console", "jsonl", "mlflow"]] = Field(default_factory=lambda: ["console", "jsonl"])
+    logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
 
 
 class TrackingConfig(_Section):
@@ -247,15 +249,15 @@ class RunConfig(_Section):
 
     model: ModelConfig
     data: DataConfig
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)  # type: ignore[arg-type]
-    actor: ActorConfig = Field(default_factory=ActorConfig)  # type: ignore[arg-type]
-    critic: CriticConfig = Field(default_factory=CriticConfig)  # type: ignore[arg-type]
-    ref: RefConfig = Field(default_factory=RefConfig)  # type: ignore[arg-type]
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
-    reward: RewardConfig = Field(default_factory=RewardConfig)  # type: ignore[arg-type]
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)  # type: ignore[arg-type]
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)  # type: ignore[arg-type]
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # type: ignore[arg-type]
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    ref: RefConfig = Field(default_factory=RefConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @property
     def world_size(self) -> int:

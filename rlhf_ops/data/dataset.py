@@ -36,7 +36,7 @@ def read_rows(url: str, *, toy_rows: int = 512, seed: int = 0) -> list[dict[str,
 
         with fsspec.open(url, "rb") as f:
             frame = pd.read_parquet(f)
-        return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+        return [{str(k): _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
     if url.endswith((".jsonl", ".json")):
         with fsspec.open(url, "rt") as f:
             return [json.loads(line) for line in f if line.strip()]

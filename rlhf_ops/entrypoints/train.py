@@ -44,7 +44,11 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
 
     if ray.is_initialized():
         return
-    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine lives in the worker process (weights updated in place)
+    }
     if address:
         ray.init(address=address, runtime_env={"env_vars": env})
     else:

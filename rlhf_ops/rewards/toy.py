@@ -8,15 +8,15 @@ response                                                      score
 ============================================================  =====
 exactly the ground truth (answered, then stopped)             1.0
 starts with the ground truth, more characters follow          0.5
-starts with a digit otherwise                                 0.1
-anything else (empty, starts with a non-digit)                0.0
+anything else (a wrong digit, empty, a non-digit)             0.0
 ============================================================  =====
 
-Why shaped: a random-init tiny model (84-token vocab) starts a response with a digit ~12% of the
-time and with the right one ~1.2% of the time, so a 0/1 reward leaves most GRPO groups without any
-signal. The 0.1 step teaches "answer with a digit", the 0.5 step the prompt-dependent answer (whatever
-follows it, so a policy that emits digit runs still sees the gradient toward the right first digit),
-the 1.0 step stopping right after it.
+Why no credit for a wrong digit: an earlier version gave 0.1 for "starts with a digit". GRPO then
+collapsed onto one fixed digit (every sample of a group scoring 0.1 leaves no advantage), and copy
+accuracy never rose above chance. With credit only for the right answer, the tiny model (with the
+digit as the prompt's last token, ``data.apply_chat_template=false`` in the tiny-cpu preset) copies
+the digit in >80% of samples after ~60 steps (measured: 0.016 -> 0.84, see tests/e2e).
+The 0.5 step rewards the prompt-dependent answer, the 1.0 step stopping right after it.
 
 ``acc`` is the unshaped metric for accuracy and pass@k: 1.0 iff the run of digits the response starts
 with equals the ground truth (``"7"`` and ``"7."`` are right for ``"7"``, ``"77"`` is not).
@@ -40,8 +40,6 @@ def shaped_answer_score(solution_str: str, ground_truth: str) -> dict[str, float
         score = 1.0
     elif ground_truth and solution_str.startswith(ground_truth):
         score = 0.5
-    elif match is not None:
-        score = 0.1
     else:
         score = 0.0
     return {"score": score, "acc": acc}

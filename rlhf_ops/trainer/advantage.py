@@ -31,29 +31,29 @@ def build_kl_controller(cfg: KLControllerConfig) -> KLController:
 
 def apply_reward_kl(data: DataProto, cfg: AlgorithmConfig, kl_ctrl: KLController) -> dict[str, float]:
     """Writes ``token_level_rewards`` (B, R): scores minus beta * KL when ``use_kl_in_reward``, else scores."""
-    scores = data.batch["token_level_scores"]
+    scores = data.tensors["token_level_scores"]
     if not cfg.use_kl_in_reward:
-        data.batch["token_level_rewards"] = scores
+        data.tensors["token_level_rewards"] = scores
         return {}
     rewards, metrics = apply_kl_penalty(
         scores,
-        data.batch["old_log_probs"],
-        data.batch["ref_log_prob"],
-        data.batch["response_mask"],
+        data.tensors["old_log_probs"],
+        data.tensors["ref_log_prob"],
+        data.tensors["response_mask"],
         kl_ctrl=kl_ctrl,
         kl_penalty=cfg.kl_penalty,
     )
-    data.batch["token_level_rewards"] = rewards
+    data.tensors["token_level_rewards"] = rewards
     return {k: float(v) for k, v in metrics.items()}
 
 
 def compute_advantage(data: DataProto, cfg: AlgorithmConfig) -> None:
     """Writes ``advantages`` and ``returns`` (B, R) for ``cfg.adv_estimator``."""
-    rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
+    rewards, mask = data.tensors["token_level_rewards"], data.tensors["response_mask"]
     name = cfg.adv_estimator
     index: Any = data.non_tensor_batch.get("uid")
     if name == "gae":
-        adv, ret = compute_gae_advantage_return(rewards, data.batch["values"], mask, cfg.gamma, cfg.lam)
+        adv, ret = compute_gae_advantage_return(rewards, data.tensors["values"], mask, cfg.gamma, cfg.lam)
     elif name == "grpo":
         adv, ret = compute_grpo_outcome_advantage(
             rewards, mask, index, norm_adv_by_std_in_grpo=cfg.norm_adv_by_std_in_grpo
@@ -65,7 +65,7 @@ def compute_advantage(data: DataProto, cfg: AlgorithmConfig) -> None:
     elif name == "reinforce_plus_plus_baseline":
         adv, ret = compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, index)
     elif name == "remax":
-        adv, ret = compute_remax_outcome_advantage(rewards, data.batch["reward_baselines"], mask)
+        adv, ret = compute_remax_outcome_advantage(rewards, data.tensors["reward_baselines"], mask)
     else:  # the config's Literal makes this unreachable
         raise AssertionError(name)
-    data.batch["advantages"], data.batch["returns"] = adv.float(), ret.float()
+    data.tensors["advantages"], data.tensors["returns"] = adv.float(), ret.float()

@@ -28,7 +28,7 @@ def _masked_values(t: Tensor, mask: Tensor) -> Tensor:
 
 def compute_data_metrics(batch: DataProto, *, max_response_length: int, use_critic: bool) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of a trained batch."""
-    b = batch.batch
+    b = batch.tensors
     response_mask = b["response_mask"]
     response_length = response_mask.sum(-1).float()  # (B,)
     prompt_length = b["attention_mask"][:, : -response_mask.shape[1]].sum(-1).float()

@@ -44,10 +44,9 @@ class TrainerState:
 
 def merge_generation(prompts: DataProto, generated: DataProto, *, keys: list[str]) -> DataProto:
     """The generated tensors (full sequences replace the prompt-only ones) with the prompts' columns."""
-    tensors = generated.select(batch_keys=keys).batch
-    assert tensors is not None
+    tensors = generated.select(batch_keys=keys).tensors
     return DataProto.from_dict(
-        tensors=dict(tensors.items()), non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
+        tensors={key: tensors[key] for key in keys}, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
     )
 
 
@@ -107,7 +106,7 @@ class PPOTrainer:
             timer.add(f"worker/{name}", float(seconds))
         batch = merge_generation(repeated, out, keys=_GEN_KEYS)
         if self.config.algorithm.adv_estimator == "remax":
-            batch.batch["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
+            batch.tensors["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
         return batch
 
     def _greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
@@ -116,7 +115,7 @@ class PPOTrainer:
         greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
         out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS[:-1])
         self.reward(out)
-        return out.batch["token_level_scores"].sum(-1)
+        return out.tensors["token_level_scores"].sum(-1)
 
     def step(self, batch: DataProto) -> dict[str, float]:
         """One training step on a batch of prompts; returns its metrics."""
@@ -125,8 +124,8 @@ class PPOTrainer:
         batch = self.generate(batch, timer)
         with timer.stage("reward"):
             extra = self.reward(batch)
-        scores = batch.batch["token_level_scores"].sum(-1)
-        metrics.update(compute_reward_metrics_by_source(scores, batch.non_tensor_batch["data_source"], prefix="train", extra=extra))
+        scores = batch.tensors["token_level_scores"].sum(-1)
+        metrics.update(compute_reward_metrics_by_source(scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra))
         if self.config.needs_ref:
             with timer.stage("ref"):
                 batch = batch.union(self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"]))
@@ -144,7 +143,7 @@ class PPOTrainer:
         step_seconds = time.perf_counter() - start
         metrics.update(compute_data_metrics(batch, max_response_length=self.plan.max_response_length, use_critic=self.critic is not None))
         metrics.update(timer.metrics())
-        num_tokens = int(batch.batch["attention_mask"].sum().item())
+        num_tokens = int(batch.tensors["attention_mask"].sum().item())
         metrics.update(compute_throughput_metrics(num_tokens=num_tokens, step_seconds=step_seconds, world_size=self.plan.world_size))
         return metrics
 
@@ -171,7 +170,11 @@ class PPOTrainer:
         bar = tqdm(total=self.total_steps, initial=self.state.global_step, desc="rlhf", dynamic_ncols=True)
         while self.state.global_step < self.total_steps:
             step = self.state.global_step + 1
-            metrics = self.step(self.train_loader.next_batch())
+            batch = self.train_loader.next_batch()
+            # Rollout sampling and the actor's mini-batch shuffle are seeded from the step, not from how
+            # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps.
+            batch.meta_info["global_steps"] = step
+            metrics = self.step(batch)
             metrics["training/global_step"] = float(step)
             metrics["training/epoch"] = float(self.train_loader.epoch)
             self.state.global_step = step

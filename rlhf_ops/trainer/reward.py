@@ -16,7 +16,7 @@ from rlhf_ops.trainer.roles import RewardModel
 
 def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
     """The valid response tokens of each row as text (special tokens skipped)."""
-    responses, mask = data.batch["responses"], data.batch["response_mask"]
+    responses, mask = data.tensors["responses"], data.tensors["response_mask"]
     lengths = mask.sum(-1).tolist()
     return [tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True) for row, n in zip(responses, lengths)]
 
@@ -30,12 +30,12 @@ class RewardStage:
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
 
     def __call__(self, data: DataProto) -> dict[str, list[float]]:
-        scores = torch.zeros_like(data.batch["response_mask"], dtype=torch.float32)
+        scores = torch.zeros_like(data.tensors["response_mask"], dtype=torch.float32)
         extra: dict[str, list[float]] = {}
         if self.reward_fn is not None:
             rule, extra = compute_token_level_scores(
-                data.batch["responses"],
-                data.batch["response_mask"],
+                data.tensors["responses"],
+                data.tensors["response_mask"],
                 decoded=decode_responses(data, self.tokenizer),
                 data_sources=list(data.non_tensor_batch["data_source"]),
                 ground_truths=list(data.non_tensor_batch["ground_truth"]),
@@ -44,9 +44,9 @@ class RewardStage:
             scores = scores + rule
         if self.reward_model is not None:
             rm = self.reward_model.compute_rm_score(data.select(batch_keys=_RM_KEYS))
-            data.batch["rm_scores"] = rm.batch["rm_scores"]
-            scores = scores + rm.batch["rm_scores"]
-        data.batch["token_level_scores"] = scores
+            data.tensors["rm_scores"] = rm.tensors["rm_scores"]
+            scores = scores + rm.tensors["rm_scores"]
+        data.tensors["token_level_scores"] = scores
         return extra
 
 

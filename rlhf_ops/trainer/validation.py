@@ -30,9 +30,11 @@ def generate_and_score(
     """Every validation prompt, ``sampling.n`` times; returns the scored batch, reward extras and texts."""
     from rlhf_ops.trainer.ppo_trainer import merge_generation
 
-    parts, extras, texts = [], {}, []
+    parts: list[DataProto] = []
+    extras: dict[str, list[float]] = {}
+    texts: list[str] = []
     for prompts in loader.iter_epoch():
-        prompts.meta_info.update(  # type: ignore[typeddict-item]
+        prompts.meta_info.update(
             {
                 "temperature": max(sampling.temperature, 1e-6) if sampling.do_sample else 1.0,
                 "top_p": sampling.top_p,
@@ -67,11 +69,11 @@ def validate(
     batch, extras, _ = generate_and_score(
         actor_rollout_ref, loader, reward=reward, sampling=sampling, response_length=response_length, tokenizer=tokenizer
     )
-    scores = batch.batch["token_level_scores"].sum(-1)
+    scores = batch.tensors["token_level_scores"].sum(-1)
     sources = list(batch.non_tensor_batch["data_source"])
     metrics = compute_reward_metrics_by_source(scores, sources, prefix="val", extra=extras)
     metrics["val/reward/mean"] = scores.mean().item()
-    metrics["val/response_length/mean"] = batch.batch["response_mask"].sum(-1).float().mean().item()
+    metrics["val/response_length/mean"] = batch.tensors["response_mask"].sum(-1).float().mean().item()
     if sampling.n > 1:
         metrics.update(_pass_at_k(scores, sources, n=sampling.n))
     return metrics

@@ -9,8 +9,10 @@ with the role name if it is missing (no boolean flags branching through the clas
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -19,11 +21,13 @@ from rlhf_ops.config.batch_plan import BatchPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
 from rlhf_ops.protocol import DataProto
 from workers.actor.dp_actor import DataParallelPPOActor
-from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
+from workers.checkpointing import gather_full_state_dict, load_role_checkpoint, save_role_checkpoint
+from workers.fsdp.lora import adapters_disabled
 from workers.fsdp.mesh import build_device_mesh, get_device
-from workers.fsdp.optim import build_lr_scheduler, build_optimizer
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
 from workers.fsdp.wrap import build_fsdp_model
 from workers.rollout.base import RolloutEngine
+from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
 from workers.utils.perf import memory_metrics, mfu, num_parameters
@@ -68,6 +72,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor: DataParallelPPOActor | None = None
         self.ref: DataParallelPPOActor | None = None
         self.rollout: RolloutEngine | None = None
+        self._ref_is_actor_base = False  # LoRA: the reference is the actor's module with adapters disabled
+        self.sharding_manager: FSDPShardingManager | None = None
 
     def _need(self, part: str, method: str) -> None:
         if part not in self.parts:
@@ -82,15 +88,17 @@ class ActorRolloutRefWorker(Worker):
         self.mesh = build_device_mesh(
             self.world_size, replicate_size=spec.actor.fsdp.hsdp_replicate_size, device_type=self.device.type
         )
-        common = {
+        common: dict[str, Any] = {
             "mesh": self.mesh,
             "device": self.device,
             "dtype": spec.model.dtype,
             "attn_implementation": spec.model.attn_implementation,
             "trust_remote_code": spec.model.trust_remote_code,
         }
+        # LoRA: the actor is base + adapters; the reference policy is that module with adapters disabled.
+        lora = spec.model.lora if "actor" in self.parts and spec.model.lora.rank > 0 else None
         if self.parts & {"actor", "rollout"}:
-            module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, **common)
+            module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, lora=lora, **common)
             optimizer = scheduler = None
             if "actor" in self.parts:
                 optimizer = build_optimizer(module, spec.actor.optim)
@@ -109,12 +117,38 @@ class ActorRolloutRefWorker(Worker):
         if "rollout" in self.parts:
             self.rollout = self._build_rollout()
         if "ref" in self.parts:
+            self.ref = self._build_ref(common, share_actor=lora is not None)
+        dist.barrier()
+
+    def _build_ref(self, common: dict[str, Any], *, share_actor: bool) -> DataParallelPPOActor:
+        """The reference policy: a second FSDP2 model, or (LoRA) the actor's module itself, no weight copy."""
+        spec = self.spec
+        self._ref_is_actor_base = share_actor
+        if share_actor:
+            assert self.actor is not None
+            ref_module = self.actor.module  # forwards under adapters_disabled (see _reference_forward)
+        else:
             ref_module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, **common)
             ref_module.eval()
-            self.ref = DataParallelPPOActor(
-                ref_module, config=spec.actor, algorithm=spec.algorithm, plan=spec.plan.actor, device=self.device
-            )
-        dist.barrier()
+        return DataParallelPPOActor(
+            ref_module, config=spec.actor, algorithm=spec.algorithm, plan=spec.plan.actor, device=self.device
+        )
+
+    @contextmanager
+    def _reference_forward(self) -> Iterator[None]:
+        """Shared LoRA module: eval mode (no adapter dropout) with adapters disabled, restored after."""
+        if not self._ref_is_actor_base:
+            yield
+            return
+        assert self.ref is not None
+        module = self.ref.module
+        was_training = module.training
+        module.eval()
+        try:
+            with adapters_disabled(module):
+                yield
+        finally:
+            module.train(was_training)
 
     def _optimizer_steps(self) -> int:
         plan = self.spec.plan.actor
@@ -122,11 +156,25 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_rollout(self) -> RolloutEngine:
         spec, r = self.spec, self.spec.rollout
+        assert self.actor is not None
         if r.engine == "vllm":
-            from workers.rollout.vllm_rollout import build_vllm_rollout
+            from workers.rollout.vllm_rollout import VLLMRollout
 
-            assert self.actor is not None
-            return build_vllm_rollout(self.actor.module, spec=spec, rank=self.rank, device=self.device)
+            engine = VLLMRollout(
+                spec.model_path,
+                config=r,
+                pad_token_id=spec.pad_token_id,
+                eos_token_id=spec.eos_token_id,
+                seed=spec.seed + 1000 * self.rank,
+                device="cuda" if self.device.type == "cuda" else "cpu",
+                max_prompt_length=spec.plan.max_prompt_length,
+            )
+            # The engine holds its own copy of the weights: the manager gathers the FSDP shards bucket by
+            # bucket into it before each generation that follows an update (and frees KV cache after, on GPU).
+            self.sharding_manager = FSDPShardingManager(
+                self.actor.module, engine, bucket_bytes=r.weight_sync_bucket_mb * 2**20, device=self.device
+            )
+            return engine
         from workers.rollout.hf_rollout import HFRollout
 
         assert self.actor is not None
@@ -146,8 +194,14 @@ class ActorRolloutRefWorker(Worker):
         """Rollout, then (for training batches) the actor's teacher-forced ``old_log_probs``."""
         self._need("rollout", "generate_sequences")
         assert self.rollout is not None
-        out = self.rollout.generate_sequences(prompts.to(self.device))
-        timing = dict(out.meta_info.get("timing") or {})
+        if self.sharding_manager is not None:
+            with self.sharding_manager:  # syncs the actor's weights into the engine when they changed
+                out = self.rollout.generate_sequences(prompts.to(self.device))
+            timing = dict(out.meta_info.get("timing") or {})
+            timing["update_weights"] = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
+        else:
+            out = self.rollout.generate_sequences(prompts.to(self.device))
+            timing = dict(out.meta_info.get("timing") or {})
         if prompts.meta_info.get("recompute_log_prob", False) and self.actor is not None:
             start = time.perf_counter()
             out.meta_info["temperature"] = float(prompts.meta_info.get("temperature", 1.0))
@@ -168,9 +222,10 @@ class ActorRolloutRefWorker(Worker):
                 "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,
             }
         )
-        log_prob, _ = self.ref.compute_log_prob(
-            data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
-        )
+        with self._reference_forward():
+            log_prob, _ = self.ref.compute_log_prob(
+                data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
+            )
         return DataProto.from_dict({"ref_log_prob": log_prob.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -179,13 +234,15 @@ class ActorRolloutRefWorker(Worker):
         self._need("actor", "update_actor")
         assert self.actor is not None
         start = time.perf_counter()
-        metrics = self.actor.update_policy(data.to(self.device))
+        # fsdp.optimizer_offload: Adam state on the host except from the first optimizer step to the update's end.
+        with optimizer_offload(self.actor.optimizer, enabled=self.spec.actor.fsdp.optimizer_offload):
+            metrics = self.actor.update_policy(data.to(self.device))
         seconds = time.perf_counter() - start
         tokens = self.actor.last_update_tokens
         metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
-        if self.rollout is not None and hasattr(self.rollout, "mark_dirty"):
-            self.rollout.mark_dirty()
+        if self.sharding_manager is not None:
+            self.sharding_manager.mark_dirty()
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -201,5 +258,12 @@ class ActorRolloutRefWorker(Worker):
         self._need("actor", "load_checkpoint")
         assert self.actor is not None and self.actor.optimizer is not None
         load_role_checkpoint(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
-        if self.rollout is not None and hasattr(self.rollout, "mark_dirty"):
-            self.rollout.mark_dirty()
+        if self.sharding_manager is not None:
+            self.sharding_manager.mark_dirty()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: the actor's full weights on CPU from rank 0 (``{}`` from the others), to check exports."""
+        self._need("actor", "full_state_dict")
+        assert self.actor is not None
+        return gather_full_state_dict(self.actor.module)

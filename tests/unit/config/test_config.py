@@ -91,17 +91,17 @@ def test_mini_batch_sequences_must_split_over_dp_ranks() -> None:
 
 
 def test_micro_batch_must_divide_per_rank_mini_batch() -> None:
-    # 8 prompts x 8 samples / 2 ranks = 32 per rank; 32 % 5 != 0.
+    # 8 prompts x 16 samples / 2 ranks = 64 per rank; 64 % 5 != 0.
     problems = _problems(["actor.ppo_micro_batch_size_per_gpu=5"])
-    assert "does not divide the 32 sequences per rank" in problems["actor.ppo_micro_batch_size_per_gpu"]
+    assert "does not divide the 64 sequences per rank" in problems["actor.ppo_micro_batch_size_per_gpu"]
     assert "use_dynamic_bsz" in problems["actor.ppo_micro_batch_size_per_gpu"]
 
 
 def test_dynamic_bsz_skips_the_micro_batch_rule_but_checks_the_token_budget() -> None:
     load_config("tiny-cpu", ["actor.ppo_micro_batch_size_per_gpu=5", "actor.use_dynamic_bsz=true"])
-    # max_prompt_length 16 + max_new_tokens 6 = 22 tokens: a budget of 10 cannot hold one sequence.
+    # max_prompt_length 16 + max_new_tokens 4 = 20 tokens: a budget of 10 cannot hold one sequence.
     problems = _problems(["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=10"])
-    assert "set at least 22" in problems["actor.ppo_max_token_len_per_gpu"]
+    assert "set at least 20" in problems["actor.ppo_max_token_len_per_gpu"]
 
 
 def test_group_estimator_needs_two_samples() -> None:
@@ -158,13 +158,13 @@ def test_malformed_override_and_unknown_preset() -> None:
 
 
 def test_batch_plan_of_tiny_cpu_by_hand() -> None:
-    # 16 prompts x n=8 = 128 sequences per step on 2 ranks. Mini-batch 8 prompts = 64 sequences,
-    # 32 per rank, micro 16 -> 2 accumulation steps; 16 / 8 = 2 optimizer steps per epoch.
+    # 16 prompts x n=16 = 256 sequences per step on 2 ranks. Mini-batch 8 prompts = 128 sequences,
+    # 64 per rank, micro 32 -> 2 accumulation steps; 16 / 8 = 2 optimizer steps per epoch.
     plan = derive_batch_plan(load_config("tiny-cpu"))
-    assert plan.sequences_per_step == 128
-    assert plan.max_seq_len == 16 + 6
+    assert plan.sequences_per_step == 256
+    assert plan.max_seq_len == 16 + 4
     a = plan.actor
-    assert (a.mini_batch_size, a.mini_batch_size_per_rank, a.micro_batch_size_per_rank) == (64, 32, 16)
+    assert (a.mini_batch_size, a.mini_batch_size_per_rank, a.micro_batch_size_per_rank) == (128, 64, 32)
     assert (a.grad_accum_steps, a.num_mini_batches, a.mesh.dp_size) == (2, 2, 2)
     assert plan.critic is None  # grpo has no critic
 
@@ -176,8 +176,8 @@ def test_batch_plan_with_sequence_parallel_and_hsdp() -> None:
     assert plan.actor.mini_batch_size_per_rank == 8
     assert plan.critic is not None and plan.critic.mini_batch_size_per_rank == 8
     sp = derive_batch_plan(load_config("tiny-cpu", ["actor.ulysses_sequence_parallel_size=2"]))
-    # dp = 2 / 2 = 1 -> all 64 sequences of a mini-batch on one dp rank; token budget doubles.
-    assert (sp.actor.mesh.dp_size, sp.actor.mini_batch_size_per_rank) == (1, 64)
+    # dp = 2 / 2 = 1 -> all 128 sequences of a mini-batch on one dp rank; token budget doubles.
+    assert (sp.actor.mesh.dp_size, sp.actor.mini_batch_size_per_rank) == (1, 128)
     assert sp.actor.max_token_len_per_rank == 2 * 16384
 
 

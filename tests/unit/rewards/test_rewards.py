@@ -18,13 +18,13 @@ from rlhf_ops.rewards.toy import add_digits_score, copy_digit_score, toy_compute
         ("7", "7", 1.0, 1.0),  # answered, then EOS
         ("7.", "7", 0.5, 1.0),  # right answer, more characters
         ("77", "7", 0.5, 0.0),  # starts with the answer, but the number read is 77
-        ("3", "7", 0.1, 0.0),  # a digit, wrong
-        ("37", "7", 0.1, 0.0),
+        ("3", "7", 0.0, 0.0),  # a digit, wrong: no credit
+        ("37", "7", 0.0, 0.0),
         (" 7", "7", 0.0, 0.0),  # leading whitespace is not an answer
         ("x7", "7", 0.0, 0.0),
         ("", "7", 0.0, 0.0),
         ("12", "12", 1.0, 1.0),  # two-digit sums
-        ("1", "12", 0.1, 0.0),
+        ("1", "12", 0.0, 0.0),
         ("12+", "12", 0.5, 1.0),
     ],
 )
@@ -86,10 +86,10 @@ def test_scores_sit_on_the_last_valid_token() -> None:
         ground_truths=["7", "7", "5"],
         reward_fn=toy_compute_score,
     )
-    # row 0: 2 valid tokens, exact → 1.0 at column 1; row 1: wrong digit → 0.1 at column 3; row 2: exact at 0
-    expected = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.1], [1.0, 0.0, 0.0, 0.0]])
+    # row 0: 2 valid tokens, exact → 1.0 at column 1; row 1: wrong digit → 0.0; row 2: exact at 0
+    expected = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(scores, expected)
-    assert extra == {"acc": [1.0, 0.0, 1.0], "score": [1.0, 0.1, 1.0]}
+    assert extra == {"acc": [1.0, 0.0, 1.0], "score": [1.0, 0.0, 1.0]}
 
 
 def test_float_results_give_no_extras_and_empty_rows_use_column_zero() -> None:
