@@ -232,6 +232,9 @@ class TrainerConfig(_Section):
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
     resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
+    balance_batch: bool = Field(
+        True, description="Reorder each step's sequences so data-parallel ranks get equal token counts."
+    )
     seed: int = 1
     log_every: int = Field(1, gt=0)
     logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))

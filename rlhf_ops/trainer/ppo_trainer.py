@@ -50,6 +50,19 @@ def merge_generation(prompts: DataProto, generated: DataProto, *, keys: list[str
     )
 
 
+def balance_tokens_across_ranks(batch: DataProto, *, dp_size: int) -> tuple[DataProto, float]:
+    """Reorders rows so each data-parallel chunk holds about the same number of tokens (verl's
+    ``_balance_batch``); returns the batch and max/min tokens per rank after balancing."""
+    from workers.utils.seqlen_balancing import balance_batch_across_dp
+
+    mask = batch.tensors["attention_mask"]
+    if dp_size <= 1 or len(batch) % dp_size:
+        return batch, 1.0
+    balanced = batch.reorder(balance_batch_across_dp(mask, dp_size))
+    per_rank = balanced.tensors["attention_mask"].sum(-1).view(dp_size, -1).sum(-1).float()
+    return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
+
+
 class PPOTrainer:
     """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
 
@@ -119,9 +132,12 @@ class PPOTrainer:
 
     def step(self, batch: DataProto) -> dict[str, float]:
         """One training step on a batch of prompts; returns its metrics."""
-        timer, metrics = StageTimer(), {}
+        timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer)
+        if self.config.trainer.balance_batch:
+            batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
+            metrics["perf/dp_token_imbalance"] = imbalance
         with timer.stage("reward"):
             extra = self.reward(batch)
         scores = batch.tensors["token_level_scores"].sum(-1)

@@ -99,9 +99,9 @@ def test_micro_batch_must_divide_per_rank_mini_batch() -> None:
 
 def test_dynamic_bsz_skips_the_micro_batch_rule_but_checks_the_token_budget() -> None:
     load_config("tiny-cpu", ["actor.ppo_micro_batch_size_per_gpu=5", "actor.use_dynamic_bsz=true"])
-    # max_prompt_length 16 + max_new_tokens 4 = 20 tokens: a budget of 10 cannot hold one sequence.
+    # max_prompt_length 16 + max_new_tokens 2 = 18 tokens: a budget of 10 cannot hold one sequence.
     problems = _problems(["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=10"])
-    assert "set at least 20" in problems["actor.ppo_max_token_len_per_gpu"]
+    assert "set at least 18" in problems["actor.ppo_max_token_len_per_gpu"]
 
 
 def test_group_estimator_needs_two_samples() -> None:
@@ -162,7 +162,7 @@ def test_batch_plan_of_tiny_cpu_by_hand() -> None:
     # 64 per rank, micro 32 -> 2 accumulation steps; 16 / 8 = 2 optimizer steps per epoch.
     plan = derive_batch_plan(load_config("tiny-cpu"))
     assert plan.sequences_per_step == 256
-    assert plan.max_seq_len == 16 + 4
+    assert plan.max_seq_len == 16 + 2
     a = plan.actor
     assert (a.mini_batch_size, a.mini_batch_size_per_rank, a.micro_batch_size_per_rank) == (128, 64, 32)
     assert (a.grad_accum_steps, a.num_mini_batches, a.mesh.dp_size) == (2, 2, 2)

@@ -1,0 +1,66 @@
+"""A policy trained from a random init visibly learns the built-in toy task (issue 3).
+
+``copy_digit``: prompt ``"copy: 7"``, reward 1.0 for answering ``7`` and stopping, 0.5 for starting
+with ``7``, else 0 (a random policy over 84 tokens scores ~0.01). Runs the real entrypoint on the
+session's Ray cluster: 2 gloo FSDP2 ranks, HF rollout, the tiny-cpu preset.
+
+Measured here (2 cores): GRPO mean score 0.01 -> ~0.4 after 60 steps, still rising at 100; PPO (GAE, critic, KL in the
+reward) see the test's message. The thresholds leave a wide margin below what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhf_ops.config import load_config
+from rlhf_ops.entrypoints.train import run_training
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("ray_cluster")]
+
+
+def _train(tmp_path: Path, overrides: list[str]) -> list[dict[str, float]]:
+    common = [
+        f"trainer.checkpoint_root={tmp_path}",
+        "trainer.logger=[jsonl]",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=0",
+    ]
+    config = load_config("tiny-cpu", [*common, *overrides])
+    run_training(config)
+    metrics = tmp_path / config.trainer.experiment_name / config.trainer.run_name / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [int(r["step"]) for r in rows]
+    assert steps == list(range(1, config.trainer.total_training_steps + 1))  # no step lost or repeated
+    return rows
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def test_grpo_with_kl_loss_learns_to_copy(tmp_path: Path) -> None:
+    rows = _train(tmp_path, [])
+    first, last = _mean(rows[:5], "critic/score/mean"), _mean(rows[-5:], "critic/score/mean")
+    assert first < 0.1 and last > 0.35, f"GRPO mean score {first:.3f} (first 5 steps) -> {last:.3f} (last 5)"
+    assert all(r["actor/kl_loss"] >= 0 for r in rows) and rows[-1]["actor/kl_loss"] > 0  # KL as a loss
+    # acc: the digits the response starts with equal the prompt's (chance: ~0.01 at random init).
+    acc_first, acc_last = (
+        _mean(rows[:5], "train/toy/copy_digit/acc/mean"),
+        _mean(rows[-5:], "train/toy/copy_digit/acc/mean"),
+    )
+    assert acc_last > 0.1 and acc_last > 3 * acc_first, f"copy accuracy {acc_first:.3f} -> {acc_last:.3f}"
+
+
+def test_ppo_with_critic_and_kl_in_reward_learns_to_copy(tmp_path: Path) -> None:
+    rows = _train(
+        tmp_path,
+        ["algorithm.adv_estimator=gae", "algorithm.use_kl_loss=false", "algorithm.use_kl_in_reward=true"],
+    )
+    first, last = _mean(rows[:5], "critic/score/mean"), _mean(rows[-5:], "critic/score/mean")
+    assert first < 0.1 and last > 0.3, f"PPO mean score {first:.3f} (first 5 steps) -> {last:.3f} (last 5)"
+    assert "critic/vf_loss" in rows[-1] and "critic/vf_explained_var" in rows[-1]
+    assert rows[-1]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)  # KL in the reward, fixed beta
