@@ -31,6 +31,14 @@ def _check_ppo_sizes(
             )
         )
         return
+    if sp > 1 and not cfg.use_remove_padding:
+        problems.append(
+            ConfigProblem(
+                f"{section}.use_remove_padding",
+                f"Ulysses sequence parallel ({section}.ulysses_sequence_parallel_size={sp}) shards packed sequences",
+                f"set {section}.use_remove_padding=true",
+            )
+        )
     dp = world // sp
     bsz = run.data.train_batch_size
     if bsz % cfg.ppo_mini_batch_size:

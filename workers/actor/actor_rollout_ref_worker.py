@@ -23,13 +23,14 @@ from rlhf_ops.protocol import DataProto
 from workers.actor.dp_actor import DataParallelPPOActor
 from workers.checkpointing import gather_full_state_dict, load_role_checkpoint, save_role_checkpoint
 from workers.fsdp.lora import adapters_disabled
-from workers.fsdp.mesh import build_device_mesh, get_device
+from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
 from workers.fsdp.wrap import build_fsdp_model
 from workers.rollout.base import RolloutEngine
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
+from workers.sp.ulysses import broadcast_from_group_leader
 from workers.utils.perf import memory_metrics, mfu, num_parameters
 
 Role = Literal["actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref"]
@@ -88,6 +89,13 @@ class ActorRolloutRefWorker(Worker):
         self.mesh = build_device_mesh(
             self.world_size, replicate_size=spec.actor.fsdp.hsdp_replicate_size, device_type=self.device.type
         )
+        # Ulysses: FSDP still shards over every rank; the (dp, sp) groups split the batch and the sequences.
+        sp_size = spec.plan.actor.mesh.sp_size
+        self.dp_group, self.sp_group = sp_process_groups(
+            self.world_size, sp_size=sp_size, device_type=self.device.type
+        )
+        if sp_size > 1:
+            self.set_sequence_parallel_size(sp_size)  # every rank of an SP group gets the same DP chunk
         common: dict[str, Any] = {
             "mesh": self.mesh,
             "device": self.device,
@@ -110,6 +118,8 @@ class ActorRolloutRefWorker(Worker):
                 config=spec.actor,
                 algorithm=spec.algorithm,
                 plan=spec.plan.actor,
+                dp_group=self.dp_group,
+                sp_group=self.sp_group,
                 device=self.device,
                 seed=spec.seed,
             )
@@ -131,7 +141,13 @@ class ActorRolloutRefWorker(Worker):
             ref_module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, **common)
             ref_module.eval()
         return DataParallelPPOActor(
-            ref_module, config=spec.actor, algorithm=spec.algorithm, plan=spec.plan.actor, device=self.device
+            ref_module,
+            config=spec.actor,
+            algorithm=spec.algorithm,
+            plan=spec.plan.actor,
+            dp_group=self.dp_group,
+            sp_group=self.sp_group,
+            device=self.device,
         )
 
     @contextmanager
@@ -203,6 +219,8 @@ class ActorRolloutRefWorker(Worker):
             out = self.rollout.generate_sequences(prompts.to(self.device))
             timing = dict(out.meta_info.get("timing") or {})
         if prompts.meta_info.get("recompute_log_prob", False) and self.actor is not None:
+            if self.sp_group is not None:  # SP ranks must forward the same samples: the leader's (collected) ones
+                out = broadcast_from_group_leader(out, group=self.sp_group).to(self.device)
             start = time.perf_counter()
             out.meta_info["temperature"] = float(prompts.meta_info.get("temperature", 1.0))
             old, _ = self.actor.compute_log_prob(out, temperature=out.meta_info["temperature"])

@@ -10,6 +10,12 @@ micro-batch gradients on each rank; FSDP2's reduce-scatter then AVERAGES over th
 the mesh size). Each micro-batch loss is therefore multiplied by ``dp_size`` before ``backward``, turning
 that average into the sum. The result: the same gradient for 1 rank x micro 4, 1 rank x 4 micro of 1,
 or 2 ranks x 2, up to float rounding.
+
+Ulysses sequence parallelism (``sp_group`` of sp > 1 ranks sharing the same samples): each rank forwards
+1/sp of every packed micro-batch and the log-probs are gathered, so every rank of the group computes the same
+loss, while its parameter gradient is only the share of the computations it ran (the sum over the group is
+the gradient; see ``workers.sp.ulysses``). FSDP averages over all dp x sp ranks, so the loss is multiplied by
+dp x sp. Token / sequence counts and metrics are reduced over the dp group only (SP ranks hold duplicates).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
+from workers.sp.ulysses import enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
 from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
 
@@ -53,13 +60,16 @@ class DataParallelPPOActor:
         algorithm: Policy loss, clip ratios, entropy / KL-loss coefficients, ``loss_agg_mode``, epochs.
         plan: Per-rank sizes derived by the driver (never recomputed here).
         dp_group: Group of all data-parallel ranks (default: the default group). Its size must equal
-            ``plan.mesh.dp_size``: it is the factor FSDP divides gradients by.
+            ``plan.mesh.dp_size``. With sequence parallelism: the ranks holding the same SP position.
+        sp_group: Ulysses group of this rank (None: no sequence parallelism); its size must equal
+            ``plan.mesh.sp_size``. With more than one rank it needs ``config.use_remove_padding`` and switches
+            the module's attention to ``ulysses_<base>`` (``workers.sp.enable_ulysses_attention``).
         device: Where micro-batches are computed; default: the device of the first parameter (pass
             ``cuda`` explicitly with ``param_offload``, whose shards live on the host).
         seed: Seeds the mini-batch shuffle (with the step number, so every update shuffles differently).
 
     Raises:
-        ValueError: The dp group's size differs from ``plan.mesh.dp_size``.
+        ValueError: The dp / sp group's size differs from the plan's, or sp > 1 without remove padding.
     """
 
     role = "actor"
@@ -74,18 +84,33 @@ class DataParallelPPOActor:
         algorithm: AlgorithmConfig,
         plan: PPOPlan,
         dp_group: dist.ProcessGroup | None = None,
+        sp_group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         seed: int = 0,
     ) -> None:
         self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
         self.config, self.algorithm, self.plan = config, algorithm, plan
-        self.dp_group, self.seed = dp_group, seed
-        self.dp_size = dp_world_size(dp_group)
+        self.dp_group, self.sp_group, self.seed = dp_group, sp_group, seed
+        self.dp_size, self.sp_size = dp_world_size(dp_group), sp_world_size(sp_group)
         if self.dp_size != plan.mesh.dp_size:
             raise ValueError(
                 f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
                 "plan for this world size (derive_batch_plan) or pass the matching dp_group."
             )
+        if self.sp_size != plan.mesh.sp_size:
+            raise ValueError(
+                f"the sp group has {self.sp_size} ranks but plan.mesh.sp_size is {plan.mesh.sp_size}; pass the "
+                "sp_group of workers.fsdp.mesh.sp_process_groups for actor.ulysses_sequence_parallel_size."
+            )
+        if self.sp_size > 1:
+            if not config.use_remove_padding:
+                raise ValueError(
+                    f"actor.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
+                    "actor.use_remove_padding=True."
+                )
+            enable_ulysses_attention(module)
+        self.loss_scale = self.dp_size * self.sp_size
+        """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self._keep_logits = supports_logits_to_keep(module)
         self._policy_loss = POLICY_LOSSES[algorithm.policy_loss]
@@ -110,6 +135,7 @@ class DataParallelPPOActor:
             entropy_requires_grad=entropy_requires_grad,
             use_remove_padding=self.config.use_remove_padding,
             keep_logits=self._keep_logits,
+            sp_group=self.sp_group,
         )
 
     def compute_log_prob(
@@ -139,7 +165,7 @@ class DataParallelPPOActor:
             dp_group=self.dp_group,
         )
         log_probs, entropies = [], []
-        with torch.no_grad():
+        with torch.no_grad(), ulysses_sequence_parallel(self.sp_group):
             for micro in micro_batches:
                 lp, ent = self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy)
                 log_probs.append(lp)
@@ -179,18 +205,20 @@ class DataParallelPPOActor:
         self.module.train()
         acc = MetricAccumulator(self.device)
         tokens = 0
-        for epoch in range(self.plan.ppo_epochs):
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step_seed * 1_009 + epoch)
-            minis = split_mini_batches(
-                data,
-                mini_batch_size=self.plan.mini_batch_size_per_rank,
-                shuffle=self.config.shuffle,
-                generator=generator,
-            )
-            for mini in minis:
-                tokens += self._update_mini_batch(mini, acc, temperature=temperature)
+        # Open across backward too: activation checkpointing recomputes the Ulysses attention there.
+        with ulysses_sequence_parallel(self.sp_group):
+            for epoch in range(self.plan.ppo_epochs):
+                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step_seed * 1_009 + epoch)
+                minis = split_mini_batches(
+                    data,
+                    mini_batch_size=self.plan.mini_batch_size_per_rank,
+                    shuffle=self.config.shuffle,
+                    generator=generator,
+                )
+                for mini in minis:
+                    tokens += self._update_mini_batch(mini, acc, temperature=temperature)
         self._num_updates += 1
-        self.last_update_tokens = tokens
+        self.last_update_tokens = tokens // self.sp_size  # each SP rank forwards 1/sp of the tokens
         return acc.reduce(group=self.dp_group)
 
     def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator, *, temperature: float) -> int:
@@ -208,7 +236,7 @@ class DataParallelPPOActor:
             loss = self._micro_batch_loss(
                 micro, acc, num_tokens=num_tokens, num_seqs=num_seqs, temperature=temperature
             )
-            (loss * self.dp_size).backward()  # FSDP averages over dp ranks; x dp_size makes it the sum
+            (loss * self.loss_scale).backward()  # FSDP averages over dp x sp ranks; this makes it the sum
         result = clipped_optimizer_step(self.module, self.optimizer, self.lr_scheduler, max_norm=self.config.grad_clip)
         acc.num_steps += 1
         acc.add_step("actor/grad_norm", result.grad_norm)

@@ -7,6 +7,10 @@ The logit at column t predicts the token at column t + 1, so responses (columns 
 predicted by columns T - R - 1 .. T - 2, i.e. ``logits[:, -R - 1 : -1]``. Only those positions go
 through the LM head (``logits_to_keep``), which skips the prompt's share of the (b, T, V) logits. The
 logits are cast to fp32 before the temperature division and the log-softmax.
+
+Ulysses sequence parallelism (``sp_group`` of size sp > 1, remove-padding path only): each rank of the
+group forwards its slice of the packed row (``workers.sp.shard_packed``), computes the log-probs of the kept
+positions it holds, and the per-token results are gathered over the group before scattering to (b, R).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlhf_ops.algorithms import entropy_from_logits, logprobs_from_logits
+from workers.sp.ulysses import shard_packed, sp_world_size, ulysses_sequence_parallel
 from workers.utils.remove_padding import PackedBatch, pack_sequences, scatter_response
 
 __all__ = ["response_log_probs", "supports_logits_to_keep"]
@@ -54,6 +60,54 @@ def _response_logits(
     return logits, input_ids[:, -response_length:], None
 
 
+def _token_log_probs(
+    logits: Tensor, labels: Tensor, *, temperature: float, calculate_entropy: bool, entropy_requires_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``labels`` (...,) under ``logits`` (..., V), and the entropy when asked (both fp32)."""
+    logits = logits.float() / temperature  # fp32 BEFORE log-softmax: bf16 logits lose ~3 digits of the ratio
+    log_probs = logprobs_from_logits(logits, labels)
+    entropy: Tensor | None = None
+    if calculate_entropy:
+        if entropy_requires_grad:
+            entropy = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
+    return log_probs, entropy
+
+
+def _sp_packed_log_probs(
+    module: nn.Module,
+    packed: PackedBatch,
+    *,
+    sp_group: dist.ProcessGroup | None,
+    keep_logits: bool,
+    temperature: float,
+    calculate_entropy: bool,
+    entropy_requires_grad: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Ulysses forward of this rank's slice of ``packed``; log-probs (K,) (and entropy) of every kept position."""
+    shard = shard_packed(packed.input_ids, packed.position_ids, group=sp_group)
+    local, index = shard.select(packed.keep)  # (K,) bool, (k_r,) local columns predicting response tokens
+    extra: dict[str, Tensor] = {"logits_to_keep": index} if keep_logits else {}
+    with ulysses_sequence_parallel(sp_group):
+        out = module(
+            input_ids=shard.input_ids, position_ids=shard.position_ids, attention_mask=None, use_cache=False, **extra
+        )
+    logits = out.logits[0] if keep_logits else out.logits[0, index]  # (k_r, V)
+    log_probs, entropy = _token_log_probs(
+        logits,
+        packed.labels[local],
+        temperature=temperature,
+        calculate_entropy=calculate_entropy,
+        entropy_requires_grad=entropy_requires_grad,
+    )
+    log_probs = shard.gather(log_probs, index)[packed.keep]  # (N_pad,) over the group -> (K,)
+    if entropy is not None:
+        entropy = shard.gather(entropy, index)[packed.keep]
+    return log_probs, entropy
+
+
 def response_log_probs(
     module: nn.Module,
     *,
@@ -66,6 +120,7 @@ def response_log_probs(
     entropy_requires_grad: bool = False,
     use_remove_padding: bool = False,
     keep_logits: bool = True,
+    sp_group: dist.ProcessGroup | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) of the response tokens of one micro-batch.
 
@@ -81,32 +136,36 @@ def response_log_probs(
             under ``no_grad`` as a metric only.
         use_remove_padding: Forward on one packed row without pad tokens (see ``workers.utils.remove_padding``).
         keep_logits: Pass ``logits_to_keep`` (see :func:`supports_logits_to_keep`).
+        sp_group: Ulysses group; with > 1 rank all its ranks call with the same micro-batch, the forward is
+            packed, the model needs ``enable_ulysses_attention``, and with activation checkpointing a
+            ``ulysses_sequence_parallel`` block must stay open around the backward (recomputed attention).
 
     Returns:
         ``(log_probs (b, R) fp32, entropy (b, R) fp32 or None)``. Columns outside the response mask hold
         unspecified values (zeros, the pad token's log-prob, or the next packed sequence's token's); mask them.
     """
-    logits, labels, packed = _response_logits(
-        module,
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        response_length=response_length,
-        use_remove_padding=use_remove_padding,
-        keep_logits=keep_logits,
-    )
-    logits = logits.float() / temperature  # fp32 BEFORE log-softmax: bf16 logits lose ~3 digits of the ratio
-    log_probs = logprobs_from_logits(logits, labels)
-    entropy: Tensor | None = None
-    if calculate_entropy:
-        if entropy_requires_grad:
-            entropy = entropy_from_logits(logits)
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
-    if packed is not None:
-        rows = input_ids.shape[0]
-        log_probs = scatter_response(log_probs, packed, batch_size=rows, response_length=response_length)
-        if entropy is not None:
-            entropy = scatter_response(entropy, packed, batch_size=rows, response_length=response_length)
+    stats = {"calculate_entropy": calculate_entropy, "entropy_requires_grad": entropy_requires_grad}
+    if sp_world_size(sp_group) > 1:  # Ulysses always shards the packed row (use_remove_padding implied)
+        packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+        log_probs, entropy = _sp_packed_log_probs(
+            module, packed, sp_group=sp_group, keep_logits=keep_logits, temperature=temperature, **stats
+        )
+    else:
+        logits, labels, maybe_packed = _response_logits(
+            module,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            response_length=response_length,
+            use_remove_padding=use_remove_padding,
+            keep_logits=keep_logits,
+        )
+        log_probs, entropy = _token_log_probs(logits, labels, temperature=temperature, **stats)
+        if maybe_packed is None:
+            return log_probs, entropy
+        packed = maybe_packed
+    rows = input_ids.shape[0]
+    log_probs = scatter_response(log_probs, packed, batch_size=rows, response_length=response_length)
+    if entropy is not None:
+        entropy = scatter_response(entropy, packed, batch_size=rows, response_length=response_length)
     return log_probs, entropy

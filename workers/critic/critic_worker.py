@@ -13,8 +13,8 @@ from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, ModelConfig
 from rlhf_ops.protocol import DataProto
 from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
 from workers.critic.dp_critic import DataParallelPPOCritic
-from workers.fsdp.mesh import build_device_mesh, get_device
-from workers.fsdp.optim import build_lr_scheduler, build_optimizer
+from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
+from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
 from workers.fsdp.wrap import build_fsdp_model
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
@@ -51,6 +51,10 @@ class CriticWorker(Worker):
         mesh = build_device_mesh(
             self.world_size, replicate_size=spec.critic.fsdp.hsdp_replicate_size, device_type=self.device.type
         )
+        sp_size = spec.plan.mesh.sp_size  # Ulysses: FSDP shards over every rank; (dp, sp) groups split the work
+        dp_group, sp_group = sp_process_groups(self.world_size, sp_size=sp_size, device_type=self.device.type)
+        if sp_size > 1:
+            self.set_sequence_parallel_size(sp_size)  # every rank of an SP group gets the same DP chunk
         module = build_fsdp_model(
             spec.model_path,
             kind="value",
@@ -71,6 +75,8 @@ class CriticWorker(Worker):
             config=spec.critic,
             algorithm=spec.algorithm,
             plan=spec.plan,
+            dp_group=dp_group,
+            sp_group=sp_group,
             device=self.device,
             seed=spec.seed,
         )
@@ -93,7 +99,9 @@ class CriticWorker(Worker):
         """One value-function update; ``critic/*`` metrics in ``meta_info``."""
         critic = self._critic()
         start = time.perf_counter()
-        metrics = critic.update_critic(data.to(self.device))
+        # fsdp.optimizer_offload: Adam state on the host except from the first optimizer step to the update's end.
+        with optimizer_offload(critic.optimizer, enabled=self.spec.critic.fsdp.optimizer_offload):
+            metrics = critic.update_critic(data.to(self.device))
         tokens = int(data.batch["attention_mask"].sum().item()) * self.spec.plan.ppo_epochs  # type: ignore[index]
         metrics["perf/mfu/critic"] = mfu(
             num_params=self.num_params, tokens=tokens, seconds=time.perf_counter() - start, device=self.device

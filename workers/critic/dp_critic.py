@@ -5,7 +5,9 @@ Notation: B = sequences on this rank, T = P + R full length, R = response length
 The critic is a token-classification model with one label (``load_hf_model(kind="value")``): logits
 (B, T, 1) are the value of each prefix. As in verl, the value of response token j is read at the column
 that predicts it, ``[-R - 1 : -1]``, and masked by ``response_mask``. Loss scaling is the actor's (see
-``workers.actor.dp_actor``): global counts per mini-batch, loss x dp_size before backward.
+``workers.actor.dp_actor``): global counts per mini-batch, loss x dp_size x sp_size before backward.
+With Ulysses sequence parallelism (``sp_group``) each rank forwards its slice of the packed row and the
+values are gathered over the group (``workers.sp.ulysses``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rlhf_ops.config.batch_plan import PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.optim import clipped_optimizer_step
+from workers.sp.ulysses import enable_ulysses_attention, shard_packed, sp_world_size, ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
 from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
 from workers.utils.remove_padding import pack_sequences, scatter_response
@@ -49,6 +52,8 @@ class DataParallelPPOCritic:
         algorithm: ``loss_agg_mode`` and ``ppo_epochs``.
         plan: Per-rank sizes of the critic (``BatchPlan.critic``).
         dp_group: Group of all data-parallel ranks; its size must equal ``plan.mesh.dp_size``.
+        sp_group: Ulysses group (None: none); its size must equal ``plan.mesh.sp_size``; > 1 needs
+            ``config.use_remove_padding`` and switches the module to ``ulysses_<base>`` attention.
         device: Compute device; default: the first parameter's.
         seed: Unused shuffling seed slot kept for symmetry with the actor (the critic does not shuffle).
     """
@@ -65,18 +70,32 @@ class DataParallelPPOCritic:
         algorithm: AlgorithmConfig,
         plan: PPOPlan,
         dp_group: dist.ProcessGroup | None = None,
+        sp_group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         seed: int = 0,
     ) -> None:
         self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
         self.config, self.algorithm, self.plan = config, algorithm, plan
-        self.dp_group, self.seed = dp_group, seed
-        self.dp_size = dp_world_size(dp_group)
+        self.dp_group, self.sp_group, self.seed = dp_group, sp_group, seed
+        self.dp_size, self.sp_size = dp_world_size(dp_group), sp_world_size(sp_group)
         if self.dp_size != plan.mesh.dp_size:
             raise ValueError(
                 f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
                 "plan for this world size (derive_batch_plan) or pass the matching dp_group."
             )
+        if self.sp_size != plan.mesh.sp_size:
+            raise ValueError(
+                f"the sp group has {self.sp_size} ranks but plan.mesh.sp_size is {plan.mesh.sp_size}; pass the "
+                "sp_group of workers.fsdp.mesh.sp_process_groups for critic.ulysses_sequence_parallel_size."
+            )
+        if self.sp_size > 1:
+            if not config.use_remove_padding:
+                raise ValueError(
+                    f"critic.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
+                    "critic.use_remove_padding=True."
+                )
+            enable_ulysses_attention(module)
+        self.loss_scale = self.dp_size * self.sp_size  # FSDP averages gradients over dp x sp ranks
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self.last_update_tokens = 0
 
@@ -88,6 +107,15 @@ class DataParallelPPOCritic:
         attention_mask = batch["attention_mask"].to(self.device)
         position_ids = batch["position_ids"].to(self.device)
         response_length = batch["responses"].shape[-1]
+        if self.sp_size > 1:
+            packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+            shard = shard_packed(packed.input_ids, packed.position_ids, group=self.sp_group)
+            with ulysses_sequence_parallel(self.sp_group):
+                out = self.module(
+                    input_ids=shard.input_ids, position_ids=shard.position_ids, attention_mask=None, use_cache=False
+                )
+            values = shard.gather(out.logits[0, :, 0].float())[packed.keep]  # (n,) -> (N_pad,) -> (K,)
+            return scatter_response(values, packed, batch_size=input_ids.shape[0], response_length=response_length)
         if self.config.use_remove_padding:
             packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
             out = self.module(
@@ -118,7 +146,7 @@ class DataParallelPPOCritic:
             dp_group=self.dp_group,
         )
         outputs = []
-        with torch.no_grad():
+        with torch.no_grad(), ulysses_sequence_parallel(self.sp_group):
             for micro in micro_batches:
                 assert micro.batch is not None
                 mask = micro.batch["response_mask"].to(self.device)
@@ -146,10 +174,12 @@ class DataParallelPPOCritic:
         self.module.train()
         acc = MetricAccumulator(self.device)
         tokens = 0
-        for _ in range(self.plan.ppo_epochs):
-            for mini in split_mini_batches(data, mini_batch_size=self.plan.mini_batch_size_per_rank, shuffle=False):
-                tokens += self._update_mini_batch(mini, acc)
-        self.last_update_tokens = tokens
+        with ulysses_sequence_parallel(self.sp_group):  # across backward: checkpointing recomputes attention
+            for _ in range(self.plan.ppo_epochs):
+                minis = split_mini_batches(data, mini_batch_size=self.plan.mini_batch_size_per_rank, shuffle=False)
+                for mini in minis:
+                    tokens += self._update_mini_batch(mini, acc)
+        self.last_update_tokens = tokens // self.sp_size
         return acc.reduce(group=self.dp_group)
 
     def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> int:
@@ -178,7 +208,7 @@ class DataParallelPPOCritic:
                 global_num_seqs=num_seqs,
                 norm_len=float(mask.shape[-1]),
             )
-            (vf_loss * self.dp_size).backward()  # FSDP averages over dp ranks; x dp_size makes it the sum
+            (vf_loss * self.loss_scale).backward()  # FSDP averages over dp x sp ranks; this makes it the sum
             weight = mask.sum()
             acc.add_sum("critic/vf_loss", vf_loss.detach())
             acc.add_mean("critic/vf_clipfrac", vf_metrics["critic/vf_clipfrac"], weight)

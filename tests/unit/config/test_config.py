@@ -130,6 +130,11 @@ def test_sequence_parallel_must_divide_world() -> None:
     assert "set a divisor of 2" in problems["actor.ulysses_sequence_parallel_size"]
 
 
+def test_sequence_parallel_needs_remove_padding() -> None:
+    problems = _problems(["actor.ulysses_sequence_parallel_size=2"])
+    assert "set actor.use_remove_padding=true" in problems["actor.use_remove_padding"]
+
+
 def test_hsdp_replicate_must_divide_world() -> None:
     problems = _problems(["actor.fsdp.hsdp_replicate_size=3"])
     assert "actor.fsdp.hsdp_replicate_size" in problems
@@ -175,7 +180,8 @@ def test_batch_plan_with_sequence_parallel_and_hsdp() -> None:
     assert (plan.actor.mesh.replicate_size, plan.actor.mesh.shard_size) == (2, 8)
     assert plan.actor.mini_batch_size_per_rank == 8
     assert plan.critic is not None and plan.critic.mini_batch_size_per_rank == 8
-    sp = derive_batch_plan(load_config("tiny-cpu", ["actor.ulysses_sequence_parallel_size=2"]))
+    sp_overrides = ["actor.ulysses_sequence_parallel_size=2", "actor.use_remove_padding=true"]
+    sp = derive_batch_plan(load_config("tiny-cpu", sp_overrides))
     # dp = 2 / 2 = 1 -> all 128 sequences of a mini-batch on one dp rank; token budget doubles.
     assert (sp.actor.mesh.dp_size, sp.actor.mini_batch_size_per_rank) == (1, 128)
     assert sp.actor.max_token_len_per_rank == 2 * 16384
