@@ -234,7 +234,7 @@ class ActorRolloutRefWorker(Worker):
         """``ref_log_prob`` (B, R) under the frozen reference policy."""
         self._need("ref", "compute_ref_log_prob")
         assert self.ref is not None
-        data.meta_info.update(  # type: ignore[typeddict-item]
+        data.meta_info.update(
             {
                 "micro_batch_size": self.spec.ref.log_prob_micro_batch_size_per_gpu,
                 "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,

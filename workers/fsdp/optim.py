@@ -8,7 +8,8 @@ replicated ``DTensor``, read with ``full_tensor()``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ __all__ = [
     "clipped_optimizer_step",
     "load_optimizer_state",
     "offload_optimizer_state",
+    "optimizer_offload",
 ]
 
 
@@ -76,25 +78,65 @@ def build_lr_scheduler(optimizer: Optimizer, optim: OptimConfig, total_steps: in
     return LambdaLR(optimizer, _lr_lambda(optim, total_steps))
 
 
-def _move_optimizer_state(optimizer: Optimizer, device: torch.device | str) -> None:
+def _move_optimizer_state(optimizer: Optimizer, device: torch.device | str, *, keep_step: bool = False) -> int:
+    """Moves the state tensors to ``device``; returns how many moved. ``keep_step`` leaves Adam's ``step``."""
+    target, moved = torch.device(device), 0
     for state in optimizer.state.values():
         for key, value in state.items():
-            if isinstance(value, Tensor) and value.device != torch.device(device):
-                state[key] = value.to(device, non_blocking=True)
+            if keep_step and key == "step":
+                continue
+            if isinstance(value, Tensor) and value.device != target:
+                state[key] = value.to(target, non_blocking=True)
+                moved += 1
+    return moved
 
 
 def offload_optimizer_state(optimizer: Optimizer) -> None:
     """Moves every optimizer state tensor (Adam moments, DTensor shards included) to the host."""
-    _move_optimizer_state(optimizer, "cpu")
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    moved = _move_optimizer_state(optimizer, "cpu")
+    if moved and torch.cuda.is_available():
+        torch.cuda.synchronize()  # non_blocking device-to-host copies must land before the host reads them
 
 
 def load_optimizer_state(optimizer: Optimizer, device: torch.device | str) -> None:
-    """Moves the optimizer state back to ``device`` before ``optimizer.step()``."""
-    _move_optimizer_state(optimizer, device)
-    if torch.cuda.is_available():
+    """Moves the optimizer state back to ``device`` before ``optimizer.step()``.
+
+    Adam's scalar ``step`` stays where it is: the non-fused, non-capturable AdamW keeps it on the host on
+    purpose (a device ``step`` would force a host sync per parameter to read it).
+    """
+    moved = _move_optimizer_state(optimizer, device, keep_step=True)
+    if moved and torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _params_device(optimizer: Optimizer) -> torch.device:
+    """Where the optimizer's parameters (their local shards) live: the device its state must be on."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            return torch.device(param.device)
+    return torch.device("cpu")
+
+
+@contextmanager
+def optimizer_offload(optimizer: Optimizer | None, *, enabled: bool) -> Iterator[None]:
+    """Optimizer state on the host outside the block; on the parameters' device just before each step inside.
+
+    Wrap one whole update (all its optimizer steps) in it. A step pre-hook loads the state before the
+    block's first ``optimizer.step()`` (not at entry: forward and backward of the first mini-batch run
+    without the state resident), later steps find it loaded; on exit the state goes back to the host.
+    The target device is the parameters' (with ``CPUOffloadPolicy`` they live on the host, so the state
+    never moves). A no-op when ``enabled`` is False or ``optimizer`` is None.
+    """
+    if not enabled or optimizer is None:
+        yield
+        return
+    device = _params_device(optimizer)
+    handle = optimizer.register_step_pre_hook(lambda opt, args, kwargs: load_optimizer_state(opt, device))
+    try:
+        yield
+    finally:
+        handle.remove()
+        offload_optimizer_state(optimizer)
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> float:

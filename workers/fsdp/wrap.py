@@ -27,7 +27,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from rlhf_ops.config.schema import FSDPConfig
+from rlhf_ops.config.schema import FSDPConfig, LoraConfig
+from workers.fsdp.lora import apply_lora
 from workers.fsdp.model import ModelKind, find_decoder_blocks, load_hf_model
 
 __all__ = ["apply_fsdp2", "build_fsdp_model", "load_full_state_dict"]
@@ -146,13 +147,17 @@ def build_fsdp_model(
     dtype: torch.dtype | str = torch.float32,
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
+    lora: LoraConfig | None = None,
 ) -> nn.Module:
     """Rank 0 loads ``path``, the others build on ``meta``; FSDP2 is applied and rank 0's weights broadcast.
 
     Collective over the default process group. See :func:`workers.fsdp.model.load_hf_model` for ``kind``.
+    With ``lora`` of rank > 0 the model is wrapped with PEFT LoRA adapters before FSDP2
+    (:func:`workers.fsdp.lora.apply_lora`): only the adapters train, and rank 0's adapter init is broadcast
+    with the base weights.
     """
     rank = dist.get_rank()
-    model = load_hf_model(
+    hf_model = load_hf_model(
         path,
         kind=kind,
         dtype=dtype,
@@ -160,6 +165,7 @@ def build_fsdp_model(
         meta=rank != 0,
         trust_remote_code=trust_remote_code,
     )
+    model: nn.Module = apply_lora(hf_model, lora) if lora is not None and lora.rank > 0 else hf_model
     # The dict holds the original tensors: fully_shard copies them into new shards, these stay valid.
     full = model.state_dict() if rank == 0 else None
     apply_fsdp2(model, mesh, cfg)
