@@ -11,7 +11,7 @@ from typing import Any
 
 from rlhf_ops.config.batch_plan import BatchPlan
 from rlhf_ops.config.schema import RunConfig
-from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker
+from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker, Role
 from workers.clients import ActorRolloutRefClient, CriticClient, RewardModelClient
 from workers.critic.critic_worker import CriticSpec, CriticWorker
 from workers.reward_model.reward_model_worker import RewardModelSpec, RewardModelWorker
@@ -36,7 +36,13 @@ class RoleGroups:
 
 
 def launch_role_groups(
-    config: RunConfig, plan: BatchPlan, *, model_path: str, total_training_steps: int, pad_token_id: int, eos_token_id: int
+    config: RunConfig,
+    plan: BatchPlan,
+    *,
+    model_path: str,
+    total_training_steps: int,
+    pad_token_id: int,
+    eos_token_id: int,
 ) -> RoleGroups:
     """Starts the groups the config needs and calls ``init_model`` on each."""
     res = config.resources
@@ -51,7 +57,7 @@ def launch_role_groups(
     backend = "nccl" if res.device == "cuda" else "gloo"
     groups: list[RayWorkerGroup[Any]] = []
     try:
-        role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
+        role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
         spec = ActorRolloutRefSpec(
             role=role,
             model_path=model_path,
@@ -68,7 +74,11 @@ def launch_role_groups(
             device=res.device,
         )
         arr = RayWorkerGroup(
-            pool, ActorRolloutRefWorker, worker_kwargs={"spec": spec}, name_prefix=role, backend=backend,
+            pool,
+            ActorRolloutRefWorker,
+            worker_kwargs={"spec": spec},
+            name_prefix=role,
+            backend=backend,
             resource_share=share,
         )
         groups.append(arr)
@@ -86,7 +96,11 @@ def launch_role_groups(
                 device=res.device,
             )
             critic_group = RayWorkerGroup(
-                pool, CriticWorker, worker_kwargs={"spec": critic_spec}, name_prefix="critic", backend=backend,
+                pool,
+                CriticWorker,
+                worker_kwargs={"spec": critic_spec},
+                name_prefix="critic",
+                backend=backend,
                 resource_share=share,
             )
             groups.append(critic_group)
@@ -102,8 +116,12 @@ def launch_role_groups(
                 device=res.device,
             )
             rm_group = RayWorkerGroup(
-                pool, RewardModelWorker, worker_kwargs={"spec": rm_spec}, name_prefix="reward_model",
-                backend=backend, resource_share=share,
+                pool,
+                RewardModelWorker,
+                worker_kwargs={"spec": rm_spec},
+                name_prefix="reward_model",
+                backend=backend,
+                resource_share=share,
             )
             groups.append(rm_group)
             reward_model = RewardModelClient(rm_group)
@@ -115,5 +133,9 @@ def launch_role_groups(
         pool.shutdown()
         raise
     return RoleGroups(
-        actor_rollout_ref=ActorRolloutRefClient(arr), critic=critic, reward_model=reward_model, pool=pool, groups=groups
+        actor_rollout_ref=ActorRolloutRefClient(arr),
+        critic=critic,
+        reward_model=reward_model,
+        pool=pool,
+        groups=groups,
     )

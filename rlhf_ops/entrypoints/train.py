@@ -76,25 +76,37 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     model_path = resolve_model_path(config.model.path)
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or model_path)
     data = config.data
-    common = {
-        "max_prompt_length": data.max_prompt_length,
-        "prompt_key": data.prompt_key,
-        "ground_truth_key": data.ground_truth_key,
-        "data_source_key": data.data_source_key,
-        "apply_chat_template": data.apply_chat_template,
-        "toy_rows": data.toy_rows,
-    }
-    train_set = PromptDataset.from_sources(data.train_files, tokenizer, seed=config.trainer.seed, **common)
+
+    def dataset(files: list[str], seed: int) -> PromptDataset:
+        return PromptDataset.from_sources(
+            files,
+            tokenizer,
+            max_prompt_length=data.max_prompt_length,
+            prompt_key=data.prompt_key,
+            ground_truth_key=data.ground_truth_key,
+            data_source_key=data.data_source_key,
+            apply_chat_template=data.apply_chat_template,
+            toy_rows=data.toy_rows,
+            seed=seed,
+        )
+
+    train_set = dataset(data.train_files, config.trainer.seed)
     train_loader = PromptLoader(
-        train_set, batch_size=data.train_batch_size, pad_token_id=tokenizer.pad_token_id, shuffle=data.shuffle,
+        train_set,
+        batch_size=data.train_batch_size,
+        pad_token_id=tokenizer.pad_token_id,
+        shuffle=data.shuffle,
         seed=config.trainer.seed,
     )
     val_loader = None
     if data.val_files:
-        val_set = PromptDataset.from_sources(data.val_files, tokenizer, seed=config.trainer.seed + 7919, **common)
+        val_set = dataset(data.val_files, config.trainer.seed + 7919)
         val_loader = PromptLoader(
-            val_set, batch_size=data.val_batch_size or len(val_set), pad_token_id=tokenizer.pad_token_id,
-            shuffle=False, drop_last=False,
+            val_set,
+            batch_size=data.val_batch_size or len(val_set),
+            pad_token_id=tokenizer.pad_token_id,
+            shuffle=False,
+            drop_last=False,
         )
     total = config.trainer.total_epochs * len(train_loader)
     if config.trainer.total_training_steps is not None:
@@ -104,8 +116,12 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     (run_dir / "resolved_config.yaml").write_text(dump_config(config))
     _init_ray(ray_address or config.resources.ray_address, config)
     groups = launch_role_groups(
-        config, plan, model_path=model_path, total_training_steps=total,
-        pad_token_id=int(tokenizer.pad_token_id), eos_token_id=int(tokenizer.eos_token_id),
+        config,
+        plan,
+        model_path=model_path,
+        total_training_steps=total,
+        pad_token_id=int(tokenizer.pad_token_id),
+        eos_token_id=int(tokenizer.eos_token_id),
     )
     logger = build_loggers(config, run_dir)
     try:
@@ -119,13 +135,22 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
                 [config.trainer.remote_store_url.rstrip("/"), config.trainer.experiment_name, config.trainer.run_name]
             )
         checkpointer = CheckpointManager(
-            run_dir, roles=roles, remote_url=remote, keep_last=config.trainer.keep_last,
+            run_dir,
+            roles=roles,
+            remote_url=remote,
+            keep_last=config.trainer.keep_last,
             resume_mode=config.trainer.resume_mode,
         )
         trainer = PPOTrainer(
-            config, plan, actor_rollout_ref=groups.actor_rollout_ref, critic=groups.critic,
+            config,
+            plan,
+            actor_rollout_ref=groups.actor_rollout_ref,
+            critic=groups.critic,
             reward=RewardStage(tokenizer=tokenizer, reward_fn=reward_fn, reward_model=groups.reward_model),
-            train_loader=train_loader, val_loader=val_loader, logger=logger, tokenizer=tokenizer,
+            train_loader=train_loader,
+            val_loader=val_loader,
+            logger=logger,
+            tokenizer=tokenizer,
             checkpointer=checkpointer,
         )
         return trainer.fit()

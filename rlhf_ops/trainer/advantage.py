@@ -22,6 +22,7 @@ from rlhf_ops.algorithms import (
 from rlhf_ops.config.schema import AlgorithmConfig, KLControllerConfig
 from rlhf_ops.protocol import DataProto
 
+
 def build_kl_controller(cfg: KLControllerConfig) -> KLController:
     """The reward-KL coefficient controller of ``algorithm.kl_ctrl``."""
     if cfg.type == "adaptive":

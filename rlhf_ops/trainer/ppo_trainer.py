@@ -46,7 +46,9 @@ def merge_generation(prompts: DataProto, generated: DataProto, *, keys: list[str
     """The generated tensors (full sequences replace the prompt-only ones) with the prompts' columns."""
     tensors = generated.select(batch_keys=keys).tensors
     return DataProto.from_dict(
-        tensors={key: tensors[key] for key in keys}, non_tensors=dict(prompts.non_tensor_batch), meta_info=dict(prompts.meta_info)
+        tensors={key: tensors[key] for key in keys},
+        non_tensors=dict(prompts.non_tensor_batch),
+        meta_info=dict(prompts.meta_info),
     )
 
 
@@ -141,10 +143,16 @@ class PPOTrainer:
         with timer.stage("reward"):
             extra = self.reward(batch)
         scores = batch.tensors["token_level_scores"].sum(-1)
-        metrics.update(compute_reward_metrics_by_source(scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra))
+        metrics.update(
+            compute_reward_metrics_by_source(
+                scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra
+            )
+        )
         if self.config.needs_ref:
             with timer.stage("ref"):
-                batch = batch.union(self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"]))
+                batch = batch.union(
+                    self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"])
+                )
         if self.critic is not None:
             with timer.stage("values"):
                 batch = batch.union(self.critic.compute_values(batch).select(batch_keys=["values"]))
@@ -157,10 +165,18 @@ class PPOTrainer:
         with timer.stage("update_actor"):
             metrics.update(self.actor_rollout_ref.update_actor(batch))
         step_seconds = time.perf_counter() - start
-        metrics.update(compute_data_metrics(batch, max_response_length=self.plan.max_response_length, use_critic=self.critic is not None))
+        metrics.update(
+            compute_data_metrics(
+                batch, max_response_length=self.plan.max_response_length, use_critic=self.critic is not None
+            )
+        )
         metrics.update(timer.metrics())
         num_tokens = int(batch.tensors["attention_mask"].sum().item())
-        metrics.update(compute_throughput_metrics(num_tokens=num_tokens, step_seconds=step_seconds, world_size=self.plan.world_size))
+        metrics.update(
+            compute_throughput_metrics(
+                num_tokens=num_tokens, step_seconds=step_seconds, world_size=self.plan.world_size
+            )
+        )
         return metrics
 
     # ---- loop ---------------------------------------------------------------------------------
@@ -235,5 +251,14 @@ class PPOTrainer:
             torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
 
 
-_GEN_KEYS = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rollout_log_probs", "old_log_probs"]
+_GEN_KEYS = [
+    "prompts",
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "rollout_log_probs",
+    "old_log_probs",
+]
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

@@ -18,7 +18,10 @@ def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
     """The valid response tokens of each row as text (special tokens skipped)."""
     responses, mask = data.tensors["responses"], data.tensors["response_mask"]
     lengths = mask.sum(-1).tolist()
-    return [tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True) for row, n in zip(responses, lengths)]
+    return [
+        tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True)
+        for row, n in zip(responses, lengths, strict=True)
+    ]
 
 
 class RewardStage:

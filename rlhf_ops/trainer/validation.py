@@ -67,7 +67,12 @@ def validate(
 ) -> dict[str, float]:
     """``val/<source>/reward/mean`` (+ extras such as ``acc``), ``val/response_length/mean``."""
     batch, extras, _ = generate_and_score(
-        actor_rollout_ref, loader, reward=reward, sampling=sampling, response_length=response_length, tokenizer=tokenizer
+        actor_rollout_ref,
+        loader,
+        reward=reward,
+        sampling=sampling,
+        response_length=response_length,
+        tokenizer=tokenizer,
     )
     scores = batch.tensors["token_level_scores"].sum(-1)
     sources = list(batch.non_tensor_batch["data_source"])

@@ -113,8 +113,14 @@ def _prompts(num: int) -> DataProto:
     mask = torch.ones_like(ids)
     mask[::2, 0] = 0  # ragged: every other prompt has one left pad
     ids[::2, 0] = 0
-    meta = {"temperature": 1.0, "do_sample": True, "response_length": 6, "eos_token_id": 2, "pad_token_id": 0,
-            "recompute_log_prob": True}
+    meta = {
+        "temperature": 1.0,
+        "do_sample": True,
+        "response_length": 6,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "recompute_log_prob": True,
+    }
     return DataProto.from_dict(
         {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}, meta_info=meta
     )

@@ -49,7 +49,8 @@ def test_plugins_folder_loads_only_rlhf_plugin_with_the_three_links() -> None:
     plugins, errors = _load_plugins_from_plugin_directory(str(PLUGINS_DIR))
     assert errors == {}
     # rlhf_airflow/.airflowignore keeps Airflow from importing hooks.py, operators.py… as top-level modules.
-    assert [(type(p).__name__, Path(getattr(p.source, "path", "")).name) for p in plugins] == [("RlhfPlugin", "rlhf_plugin.py")]
+    loaded = [(type(p).__name__, Path(getattr(p.source, "path", "")).name) for p in plugins]
+    assert loaded == [("RlhfPlugin", "rlhf_plugin.py")]
     plugin = plugins[0]
     assert plugin.name == "rlhf"
     links = plugin.operator_extra_links
