@@ -140,6 +140,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             remote_url=remote,
             keep_last=config.trainer.keep_last,
             resume_mode=config.trainer.resume_mode,
+            hf_base_model_path=model_path if config.trainer.save_hf_model else None,
         )
         trainer = PPOTrainer(
             config,

@@ -211,6 +211,8 @@ class VLLMRollout:
         local_rows = len(prompts)
         batch, sizes = self._gather_tp(prompts)
         params = SamplingParams.from_meta(batch.meta_info, self.defaults)
+        if batch.meta_info.get("global_steps") is not None:  # deterministic per (seed, step): resume-safe
+            self._seeds = random.Random(self.seed * 1_000_003 + int(batch.meta_info["global_steps"]))
         input_ids, attention_mask = self._prompt_tensors(batch)
         longest = int(attention_mask.sum(dim=-1).max()) if len(batch) else 0  # real tokens: padding is stripped
         if self.max_model_len is not None and longest + params.response_length > self.max_model_len:

@@ -1,0 +1,202 @@
+"""HF export of a checkpoint: ``<ckpt>/<role>`` DCP shards → a standard Hugging Face model folder.
+
+The shards are read in this one process, without a process group (DCP reshards any world size into
+one full state dict); the model is built from the base model's config on the meta device, the weights
+are assigned with a strict ``load_state_dict`` (a missing or extra tensor fails the export), and
+``save_pretrained`` writes safetensors + ``config.json`` next to the base model's tokenizer and
+generation config. The folder appears atomically: everything is written to a temporary sibling that is
+renamed into place, so a reader sees no export or a whole one.
+
+LoRA: a checkpoint of a PEFT model (names ``base_model.model.…``, ``….lora_A.<adapter>.weight``) is
+merged: ``W = W_base + (B @ A) * scaling`` per active adapter, with the scalings the checkpoint recorded
+in ``<ckpt>/<role>/lora_scaling.json`` (PEFT's ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), summed in
+float32; ``modules_to_save`` copies replace their originals. DoRA and LoRA on embeddings are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlhf_ops.checkpoint.manifest import (
+    CorruptCheckpointError,
+    is_complete,
+    parse_step_dir,
+    verify_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+EXPORT_INFO_FILE = "export_info.json"
+_PEFT_PREFIX = "base_model.model."
+_LORA_KEY = re.compile(r"\.lora_(?P<kind>A|B|embedding_A|embedding_B|magnitude_vector)\.[^.]+(\.weight)?$")
+_MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+\.")
+
+
+def merge_lora_weights(weights: dict[str, Tensor], scalings: dict[str, dict[str, float]]) -> dict[str, Tensor]:
+    """Folds LoRA adapters into their base weights and returns plain HF names.
+
+    Args:
+        weights: A PEFT model's state dict (``base_model.model.<hf name>``; LoRA layers hold
+            ``<layer>.base_layer.weight`` (out, in), ``<layer>.lora_A.<adapter>.weight`` (r, in) and
+            ``<layer>.lora_B.<adapter>.weight`` (out, r)). A plain model's state dict is returned unchanged.
+        scalings: ``{layer name: {adapter: scaling}}`` of the adapters to merge (the active ones).
+
+    Returns:
+        ``{hf name: tensor}`` with each base weight replaced by ``W + (B @ A) * scaling`` (float32 sum, cast
+        back to the base dtype), adapters dropped.
+
+    Raises:
+        ValueError: DoRA / embedding LoRA tensors, or a LoRA layer without a recorded scaling.
+    """
+    if not any(name.startswith(_PEFT_PREFIX) for name in weights):
+        return dict(weights)
+    merged: dict[str, Tensor] = {}
+    for name, tensor in weights.items():
+        lora = _LORA_KEY.search(name)
+        if lora is not None:
+            if lora["kind"] not in ("A", "B"):
+                raise ValueError(f"cannot merge PEFT tensor {name!r}: only LoRA on linear layers (not DoRA) merges")
+            continue
+        if ".original_module." in name:
+            continue  # modules_to_save: the trained copy is exported under the original name instead
+        if name.endswith(".base_layer.weight"):
+            tensor = _merge_layer(name.removesuffix(".base_layer.weight"), tensor, weights, scalings)
+        out = _MODULES_TO_SAVE.sub(".", name.removeprefix(_PEFT_PREFIX).replace(".base_layer.", "."))
+        merged[out] = tensor
+    return merged
+
+
+def _merge_layer(
+    layer: str, base: Tensor, weights: dict[str, Tensor], scalings: dict[str, dict[str, float]]
+) -> Tensor:
+    adapters = [a for a in scalings.get(layer, {}) if f"{layer}.lora_A.{a}.weight" in weights]
+    if not adapters and any(k.startswith(f"{layer}.lora_A.") for k in weights):
+        raise ValueError(
+            f"LoRA layer {layer!r} has adapters but no recorded scaling; the checkpoint lacks lora_scaling.json "
+            "(written by workers.checkpointing.save_role_checkpoint)"
+        )
+    out = base.float()
+    for adapter in adapters:
+        lora_a, lora_b = weights[f"{layer}.lora_A.{adapter}.weight"], weights[f"{layer}.lora_B.{adapter}.weight"]
+        out = out + (lora_b.float() @ lora_a.float()) * scalings[layer][adapter]  # (out, r) @ (r, in) = (out, in)
+    return out.to(base.dtype)
+
+
+def _check_checkpoint(ckpt: Path, role_dir: Path) -> None:
+    if not role_dir.is_dir():
+        raise ValueError(f"{role_dir} does not exist: CKPT must be a global_step_<N> folder with '{role_dir.name}/'")
+    if not is_complete(ckpt):
+        raise ValueError(
+            f"{ckpt} is not a complete checkpoint (no valid MANIFEST.json); export a committed one, or pass "
+            "verify=False for a checkpoint being written"
+        )
+    problems = verify_checkpoint(ckpt)
+    if problems:
+        raise CorruptCheckpointError(str(ckpt), problems)
+
+
+def _build_model(base_model_path: str, weights: dict[str, Tensor], *, trust_remote_code: bool) -> Any:
+    """The base model's architecture on the meta device with ``weights`` assigned (strict)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(base_model_path, trust_remote_code=trust_remote_code)
+    dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    try:
+        model.load_state_dict(weights, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"the checkpoint's weights do not fit {base_model_path} ({type(model).__name__}): {exc}. "
+            "Pass the base model the run trained (--base-model / model.path)"
+        ) from exc
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(base_model_path)
+    except OSError:
+        log.info("%s has no generation_config.json; exporting the default one", base_model_path)
+    return model
+
+
+def export_hf_model(
+    ckpt_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    base_model_path: str,
+    role: str = "actor",
+    tokenizer_path: str | None = None,
+    verify: bool = True,
+    overwrite: bool = False,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Writes ``<ckpt_dir>/<role>`` as an HF model folder ``out_dir`` (safetensors, config, tokenizer).
+
+    Args:
+        ckpt_dir: A local ``global_step_<N>`` folder.
+        out_dir: The folder to create; it appears atomically (temp sibling, then rename).
+        base_model_path: Local HF folder of the model the run started from (its config, tokenizer and
+            generation config are reused; its weights are not read).
+        role: The role folder to export (a causal LM: ``actor``).
+        tokenizer_path: Tokenizer folder; defaults to ``base_model_path``.
+        verify: Require a committed checkpoint and check every file against ``MANIFEST.json`` first.
+            ``CheckpointManager.save`` passes False: it exports before it writes the manifest.
+        overwrite: Replace an existing ``out_dir``.
+        trust_remote_code: Allow custom modelling code of the base model.
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        ValueError: Not a (complete) checkpoint, ``out_dir`` exists, or weights that do not fit the base model.
+        CorruptCheckpointError: A file does not match the manifest.
+    """
+    from transformers import AutoTokenizer
+
+    from workers.checkpointing import LORA_SCALING_FILE, read_model_state_dict
+
+    ckpt, out = Path(ckpt_dir), Path(out_dir)
+    role_dir = ckpt / role
+    if verify:
+        _check_checkpoint(ckpt, role_dir)
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out} already exists; choose another OUT or pass overwrite=True (--overwrite)")
+    weights = read_model_state_dict(role_dir)
+    scaling_file = role_dir / LORA_SCALING_FILE
+    scalings = json.loads(scaling_file.read_text()) if scaling_file.exists() else {}
+    lora = any(name.startswith(_PEFT_PREFIX) for name in weights)
+    model = _build_model(base_model_path, merge_lora_weights(weights, scalings), trust_remote_code=trust_remote_code)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(tmp)
+        tokenizer_dir = tokenizer_path or base_model_path
+        AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code).save_pretrained(tmp)
+        info = {"checkpoint": str(ckpt.resolve()), "step": parse_step_dir(ckpt.name), "role": role}
+        info["lora_merged"] = lora
+        (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        _replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported %s -> %s (%d tensors, LoRA merged: %s)", role_dir, out, len(weights), lora)
+    return out
+
+
+def _replace_dir(src: Path, dest: Path) -> None:
+    """Renames ``src`` to ``dest``; an existing ``dest`` is moved aside first and deleted after."""
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(dest, old)
+    os.replace(src, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
