@@ -50,6 +50,44 @@ def _sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_base_model(ckpt: str) -> tuple[str, str | None]:
+    """(model dir, tokenizer dir) the run of ``ckpt`` trained, from ``<run_dir>/resolved_config.yaml``."""
+    from pathlib import Path
+
+    import yaml
+
+    from rlhf_ops.models.resolve import resolve_model_path
+
+    resolved = Path(ckpt).parent / "resolved_config.yaml"
+    if not resolved.is_file():
+        raise ValueError(f"{resolved} not found (CKPT is not in a run folder?); pass --base-model PATH")
+    model = (yaml.safe_load(resolved.read_text()) or {}).get("model") or {}
+    if not model.get("path"):
+        raise ValueError(f"{resolved} has no model.path; pass --base-model PATH")
+    return resolve_model_path(str(model["path"])), model.get("tokenizer_path")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from rlhf_ops.checkpoint.export import export_hf_model
+    from rlhf_ops.checkpoint.manifest import CorruptCheckpointError
+
+    try:
+        base, tokenizer = (args.base_model, None) if args.base_model else _run_base_model(args.ckpt)
+        out = export_hf_model(
+            args.ckpt,
+            args.out,
+            base_model_path=base,
+            role=args.role,
+            tokenizer_path=tokenizer,
+            overwrite=args.overwrite,
+        )
+    except (ValueError, CorruptCheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
 def _prepare_data(args: argparse.Namespace) -> int:
     from rlhf_ops.data.prepare import prepare_from_args
 
@@ -58,20 +96,20 @@ def _prepare_data(args: argparse.Namespace) -> int:
 
 def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prep = sub.add_parser("prepare-data", help="validate, tokenise-check and split raw data into <out>/<run-id>/")
-    prep.add_argument("source", help="raw data URL: .jsonl/.parquet file, shard folder, HF datasets folder, builtin:<task>")
+    prep.add_argument("source", help="raw data URL: .jsonl/.parquet, shard folder, HF datasets folder, builtin:<task>")
     prep.add_argument("--out", required=True, help="output root URL; files go to <out>/<run-id>/")
-    prep.add_argument("--run-id", required=True, help="folder key, e.g. the Airflow run id; a retry rewrites the same files")
-    prep.add_argument("--tokenizer", required=True, help="the policy's tokenizer dir (model.path) or builtin:tiny-llama")
+    prep.add_argument("--run-id", required=True, help="folder key (e.g. the Airflow run id); a retry rewrites it")
+    prep.add_argument("--tokenizer", required=True, help="the policy's tokenizer dir, or builtin:tiny-llama")
     prep.add_argument("--max-prompt-length", type=int, required=True, help="tokens; the run's data.max_prompt_length")
-    prep.add_argument("--val-source", default=None, help="separate validation rows (then --val-fraction is ignored)")
-    prep.add_argument("--val-fraction", type=float, default=None, help="share of prompts hashed into val (default 0.05)")
+    prep.add_argument("--val-source", default=None, help="separate validation rows (--val-fraction ignored)")
+    prep.add_argument("--val-fraction", type=float, default=None, help="share of prompts hashed into val (0.05)")
     prep.add_argument("--seed", type=int, default=None, help="seed of the split hash (default 0)")
     prep.add_argument("--field", action="append", default=[], metavar="OURS=THEIRS", help="e.g. ground_truth=answer")
     prep.add_argument("--prompt-format", choices=("auto", "text", "chat"), default=None)
     prep.add_argument("--system-prompt", default=None, help="needs --prompt-format chat")
     prep.add_argument("--prompt-template", default=None, help="template with {prompt}")
     prep.add_argument("--no-chat-template", action="store_true", help="count tokens without the chat template")
-    prep.add_argument("--max-rejected-fraction", type=float, default=None, help="fail above this share (default 0.1)")
+    prep.add_argument("--max-rejected-fraction", type=float, default=None, help="fail above this share (0.1)")
     prep.add_argument("--limit", type=int, default=None, help="read at most this many rows per source")
     prep.add_argument("--default-data-source", default=None, help="data_source of rows without one")
     prep.set_defaults(func=_prepare_data)
@@ -80,6 +118,33 @@ def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny-cpu", help="shipped preset name or YAML path")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_ctrl.kl_coef=0.02")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rlhf_ops.demo import run_demo
+
+    result = run_demo(Path(args.root), postgres=args.postgres or _env_flag("RLHF_DEMO_POSTGRES"), steps=args.steps)
+    return 0 if result.state == "success" else 1
+
+
+def _env_flag(name: str) -> bool:
+    import os
+
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="run the whole pipeline (Airflow + Ray + MLflow) locally on tiny-cpu")
+    demo.add_argument("--root", default=".rlhf", help="folder for the Airflow home, MLflow store, checkpoints")
+    demo.add_argument(
+        "--postgres",
+        action="store_true",
+        help="Airflow's and MLflow's databases in PostgreSQL at 127.0.0.1:5432 (or RLHF_DEMO_POSTGRES=1)",
+    )
+    demo.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
+    demo.set_defaults(func=_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("local_run_dir")
     sync.add_argument("remote_url")
     sync.set_defaults(func=_sync)
+
+    export = sub.add_parser("export", help="write a checkpoint's actor as an HF model folder (safetensors)")
+    export.add_argument("ckpt", help="a local global_step_<N> folder")
+    export.add_argument("out", help="the HF folder to create (appears atomically)")
+    export.add_argument("--base-model", default=None, help="base model's HF folder (default: the run's model.path)")
+    export.add_argument("--role", default="actor", help="role folder to export (default: actor)")
+    export.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    export.set_defaults(func=_export)
+    _add_demo_parser(sub)
     return parser
 
 

@@ -1,0 +1,140 @@
+"""Builds an RLHF pipeline DAG; ``dags/rlhf_ppo.py`` and ``dags/generated_pipelines.py`` call it.
+
+::
+
+    prepare_data → preflight → start_tracking ─┬→ train (Ray job, deferrable) ─┬→ sync_and_retain → register_model
+                                               └→ evaluate[i] (mapped group)   ┘         end_tracking (teardown)
+                                                  wait_for_checkpoint → evaluate_checkpoint
+
+``evaluate`` is a task group mapped over the global steps at which ``preflight`` says the trainer will commit
+a checkpoint (``save_freq`` and the last step). Each map index waits for its checkpoint with a sensor in
+reschedule mode (no worker slot held while waiting) and evaluates it as soon as it is committed, while
+training goes on; each is its own task instance, visible, retried and clearable on its own. See
+``docs/pipeline.md`` for why this mechanism and not assets or triggered DAG runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, task, task_group
+
+from rlhf_airflow.operators import RayJobOperator
+from rlhf_pipeline import tasks
+from rlhf_pipeline.params import pipeline_params
+
+START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
+DEFAULT_ARGS = {"owner": "rlhf-platform", "retries": 2, "retry_delay": pendulum.duration(seconds=30)}
+WEEK_S = 7 * 24 * 3600
+
+
+def build_pipeline_dag(
+    dag_id: str,
+    *,
+    schedule: Any = None,
+    param_defaults: Mapping[str, Any] | None = None,
+    tags: Sequence[str] = (),
+    description: str | None = None,
+    doc_md: str | None = None,
+    ray_conn_id: str = "ray_default",
+    mlflow_conn_id: str | None = "mlflow_default",
+    s3_conn_id: str | None = "aws_default",
+    heavy_queue: str | None = None,
+    checkpoint_poke_s: float = 20.0,
+    checkpoint_timeout_s: float = WEEK_S,
+    train_timeout_s: float | None = None,
+    max_active_runs: int = 1,
+) -> DAG:
+    """One RLHF pipeline DAG.
+
+    Args:
+        dag_id: The DAG id (also the checkpoint experiment folder).
+        schedule: Airflow schedule (None: triggered only; a cron string; a timetable).
+        param_defaults: Default values of the trigger form's parameters (a YAML spec's ``params``).
+        tags: Extra tags (``rlhf`` is always there).
+        description: Short description shown in the UI.
+        doc_md: Markdown shown on the DAG's page.
+        ray_conn_id: Connection of the Ray job server (``params.ray_address`` overrides its URL).
+        mlflow_conn_id: ``http`` connection of the MLflow server (None: ``$MLFLOW_TRACKING_URI``).
+        s3_conn_id: ``aws`` connection with the remote store's credentials (None: the workers' environment).
+        heavy_queue: Executor queue of the tasks that load a tokenizer or a model (prepare_data, evaluate,
+            register_model): route them to workers built with the platform's worker dependencies.
+        checkpoint_poke_s: Seconds between two checks for a new checkpoint.
+        checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
+        train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
+        max_active_runs: Concurrent runs of this DAG.
+    """
+    conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
+    heavy = {"queue": heavy_queue} if heavy_queue else {}
+    with DAG(
+        dag_id,
+        schedule=schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=max_active_runs,
+        params=pipeline_params(param_defaults),
+        default_args=DEFAULT_ARGS,
+        tags=sorted({"rlhf", *tags}),
+        description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
+        doc_md=doc_md or __doc__,
+    ) as dag:
+        prepared = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns)
+        plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
+            prepared, conns=conns, ray_conn_id=ray_conn_id
+        )
+        tracking = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
+            plan, prepared, conns=conns
+        )
+        train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s)
+        tracking >> train
+        evaluations = _evaluations(
+            plan, tracking, conns=conns, heavy=heavy, poke_s=checkpoint_poke_s, timeout_s=checkpoint_timeout_s
+        )
+        retained = task(task_id="sync_and_retain", trigger_rule="none_failed")(tasks.sync_and_retain)(
+            plan["layout"], conns=conns
+        )
+        [train, evaluations] >> retained
+        registered = task(task_id="register_model", **heavy)(tasks.register_model)(
+            plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns
+        )
+        retained >> registered
+        ended = task(task_id="end_tracking")(tasks.end_tracking)(tracking["mlflow_run_id"], conns=conns)
+        registered >> ended.as_teardown(setups=tracking.operator)
+    return dag
+
+
+def _train(*, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float | None) -> RayJobOperator:
+    """The training Ray job: entrypoint from ``preflight``, the MLflow run id from ``start_tracking``."""
+    return RayJobOperator(
+        task_id="train",
+        entrypoint="{{ ti.xcom_pull(task_ids='preflight', key='entrypoint') }}",
+        ray_conn_id=ray_conn_id,
+        ray_address="{{ params.ray_address or '' }}",
+        env_vars={"MLFLOW_RUN_ID": "{{ ti.xcom_pull(task_ids='start_tracking', key='mlflow_run_id') }}"},
+        s3_conn_id=conns["s3_conn_id"],
+        mlflow_conn_id=conns["mlflow_conn_id"],
+        deferrable=True,
+        poll_interval=5,
+        job_timeout=timeout_s,
+        on_execute_callback=tasks.push_checkpoint_url,
+    )
+
+
+def _evaluations(
+    plan: Any, tracking: Any, *, conns: dict[str, str | None], heavy: dict[str, str], poke_s: float, timeout_s: float
+) -> Any:
+    """The ``evaluate`` group (wait for checkpoint N, evaluate it) mapped over the planned checkpoint steps."""
+    wait = task.sensor(task_id="wait_for_checkpoint", mode="reschedule", poke_interval=poke_s, timeout=timeout_s)(
+        tasks.wait_for_checkpoint
+    )
+    evaluate = task(task_id="evaluate_checkpoint", max_active_tis_per_dagrun=1, **heavy)(tasks.evaluate_checkpoint)
+
+    @task_group(group_id="evaluate")
+    def evaluate_group(step: int) -> None:
+        found = wait(step=step, layout=plan["layout"], conns=conns)
+        evaluate(found, plan["config"], plan["layout"], tracking["mlflow_run_id"], conns=conns)
+
+    steps = task(task_id="plan_evaluations")(tasks.plan_evaluations)(plan["checkpoint_steps"])
+    return evaluate_group.expand(step=steps)

@@ -1,0 +1,263 @@
+"""Task bodies of the RLHF pipeline: thin wrappers that call ``rlhf_ops.pipeline`` with values from the context.
+
+Every import of the platform library happens inside a function, at run time: parsing a DAG file never
+imports torch, transformers or MLflow. Credentials come from Airflow connections (``job_env_from_connections``)
+and live in the environment only while the task runs; they never reach XCom, params or logs.
+
+User mistakes that a retry cannot fix (an invalid config value, rejected data) raise ``AirflowFailException``
+so the task fails at once instead of retrying; everything else (network, storage) keeps Airflow's retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import PokeReturnValue
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowNotFoundException,
+    AirflowSkipException,
+)
+
+log = logging.getLogger(__name__)
+
+FAILED_STATES = frozenset({"failed", "upstream_failed"})
+
+
+def connection_env(*, s3_conn_id: str | None, mlflow_conn_id: str | None) -> dict[str, str]:
+    """Environment from the S3 and MLflow connections; a connection that is not defined is skipped."""
+    from rlhf_airflow.hooks import job_env_from_connections
+
+    env: dict[str, str] = {}
+    for kind, conn_id in (("s3_conn_id", s3_conn_id), ("mlflow_conn_id", mlflow_conn_id)):
+        if not conn_id:
+            continue
+        try:
+            env.update(job_env_from_connections(**{kind: conn_id}))
+        except AirflowNotFoundException:
+            log.info("connection %r is not defined; using this worker's environment instead", conn_id)
+    return env
+
+
+def _params(context: Mapping[str, Any]) -> Any:
+    from rlhf_ops.pipeline.params import parse_params
+
+    try:
+        return parse_params(context["params"])
+    except ValueError as exc:
+        raise AirflowFailException(f"invalid pipeline parameters: {exc}") from None
+
+
+def _layout(params: Any, context: Mapping[str, Any]) -> Any:
+    from rlhf_ops.pipeline.layout import RunLayout
+
+    try:
+        return RunLayout.for_run(
+            dag_id=context["dag"].dag_id,
+            run_id=context["run_id"],
+            work_dir=params.work_dir,
+            remote_store_url=params.remote_store_url,
+        )
+    except ValueError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def prepare_data(*, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
+    """Prepare this run's train/val files (idempotent: a retry rewrites the same run-keyed folder)."""
+    from rlhf_ops.config import ConfigError
+    from rlhf_ops.data.prepare import DataQualityError
+    from rlhf_ops.pipeline.data import prepare_for_run
+    from rlhf_ops.pipeline.layout import patched_environ
+
+    params = _params(context)
+    layout = _layout(params, context)
+    with patched_environ(connection_env(**conns)):
+        try:
+            return prepare_for_run(params, layout)
+        except (ConfigError, DataQualityError) as exc:
+            raise AirflowFailException(str(exc)) from None
+
+
+def check_ray(*, ray_conn_id: str, address: str | None) -> str:
+    """The Ray job server's URL after a version handshake with it (submits nothing)."""
+    from rlhf_airflow.hooks import RayJobHook
+
+    hook = RayJobHook(ray_conn_id, address=address or None)
+    try:
+        hook.get_conn()
+    except AirflowNotFoundException:
+        raise AirflowFailException(
+            f"no Ray cluster: define the {ray_conn_id!r} connection or pass params.ray_address"
+        ) from None
+    except Exception as exc:  # connection refused, TLS, auth: retryable
+        raise AirflowException(f"Ray job server {hook.dashboard_address} is unreachable: {exc}") from exc
+    return hook.dashboard_address
+
+
+def preflight(
+    prepared: dict[str, Any], *, conns: Mapping[str, str | None], ray_conn_id: str, **context: Any
+) -> dict[str, Any]:
+    """Resolve + validate the config (a bad value fails here), check reachability, plan the checkpoints."""
+    from rlhf_ops.config import ConfigError
+    from rlhf_ops.pipeline.layout import patched_environ
+    from rlhf_ops.pipeline.preflight import run_preflight
+    from rlhf_ops.pipeline.register import download_champion
+
+    params = _params(context)
+    layout = _layout(params, context)
+    with patched_environ(connection_env(**conns)):
+        model_path = None
+        if params.warm_start == "champion":
+            model_path = download_champion(params.registered_name(layout.dag_id), models_dir=layout.models_dir)
+        try:
+            plan = run_preflight(params, layout, prepared, model_path=model_path)
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
+    plan["ray_dashboard"] = check_ray(ray_conn_id=ray_conn_id, address=params.ray_address)
+    return plan
+
+
+def start_tracking(
+    plan: dict[str, Any], prepared: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any
+) -> dict[str, str]:
+    """Open (or find again, on a retry) the pipeline's MLflow run; pushes ``mlflow_run_id`` / ``mlflow_run_url``."""
+    from rlhf_ops.pipeline.layout import patched_environ
+    from rlhf_ops.pipeline.tracking import start_tracking as start
+
+    params, ti = _params(context), context["ti"]
+    with patched_environ(connection_env(**conns)):
+        return start(
+            config=plan["config"],
+            preset=params.preset,
+            dag_id=ti.dag_id,
+            dag_run_id=ti.run_id,
+            try_number=int(ti.try_number),
+            run_date=context["dag_run"].run_after,
+            prepared=prepared,
+            extra_tags={
+                "rlhf.checkpoint_url": plan["checkpoint_url"],
+                "rlhf.registered_model": plan["registered_model_name"],
+            },
+        )
+
+
+def plan_evaluations(checkpoint_steps: list[int]) -> list[int]:
+    """The global steps to evaluate, one mapped ``evaluate`` group per step (Airflow maps only return values)."""
+    return [int(step) for step in checkpoint_steps]
+
+
+def push_checkpoint_url(context: Mapping[str, Any]) -> None:
+    """``on_execute_callback`` of ``train``: publish the run's checkpoint folder for the Checkpoints link."""
+    ti = context["ti"]
+    url = ti.xcom_pull(task_ids="preflight", key="checkpoint_url")
+    if url:
+        ti.xcom_push(key="checkpoint_url", value=url)
+
+
+def _train_state(context: Mapping[str, Any]) -> str | None:
+    ti = context["ti"]
+    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=["train"], run_ids=[ti.run_id])
+    state = (states.get(ti.run_id) or {}).get("train")
+    return None if state is None else str(state)
+
+
+def wait_for_checkpoint(
+    step: int, layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any
+) -> PokeReturnValue:
+    """Sensor poke: done once ``global_step_<step>`` is committed (locally or on the remote store)."""
+    from rlhf_ops.pipeline.evaluate import CheckpointNeverCommitted, checkpoint_ready
+    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
+
+    train_state = _train_state(context)
+    with patched_environ(connection_env(**conns)):
+        try:
+            found = checkpoint_ready(step, RunLayout.from_dict(layout), train_state=train_state)
+        except CheckpointNeverCommitted as exc:
+            if train_state in FAILED_STATES:
+                raise AirflowSkipException(f"nothing to evaluate: {exc}") from None
+            raise AirflowFailException(str(exc)) from None
+    if found is None:
+        log.info("global_step_%d is not committed yet (train: %s)", step, train_state)
+        return PokeReturnValue(is_done=False)
+    return PokeReturnValue(is_done=True, xcom_value={"step": step, "location": found})
+
+
+def evaluate_checkpoint(
+    found: dict[str, Any],
+    config: dict[str, Any],
+    layout: dict[str, Any],
+    mlflow_run_id: str,
+    *,
+    conns: Mapping[str, str | None],
+    **context: Any,
+) -> dict[str, Any]:
+    """Evaluate one committed checkpoint; ``eval.json`` beside it, metrics to MLflow at its step."""
+    from rlhf_ops.pipeline.evaluate import evaluate_step
+    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
+
+    params = _params(context)
+    with patched_environ(connection_env(**conns)):
+        return evaluate_step(
+            int(found["step"]),
+            location=str(found["location"]),
+            config=config,
+            layout=RunLayout.from_dict(layout),
+            mlflow_run_id=mlflow_run_id,
+            n_samples=params.eval_n_samples,
+            max_prompts=params.eval_max_prompts,
+        )
+
+
+def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
+    """Final sync to the remote store, then keep the last ``keep_last`` checkpoints and the best."""
+    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
+    from rlhf_ops.pipeline.retention import sync_and_retain as retain
+
+    params = _params(context)
+    with patched_environ(connection_env(**conns)):
+        try:
+            return retain(RunLayout.from_dict(layout), keep_last=params.keep_last, metric=params.eval_metric)
+        except ValueError as exc:  # eval_metric names no metric of the reports
+            raise AirflowFailException(str(exc)) from None
+
+
+def register_model(
+    layout: dict[str, Any],
+    config: dict[str, Any],
+    mlflow_run_id: str,
+    registered_name: str,
+    *,
+    conns: Mapping[str, str | None],
+    **context: Any,
+) -> dict[str, Any]:
+    """Log the best checkpoint's HF export, register it, move ``champion`` only if it is better."""
+    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
+    from rlhf_ops.pipeline.register import register_best
+
+    params = _params(context)
+    with patched_environ(connection_env(**conns)):
+        return register_best(
+            RunLayout.from_dict(layout),
+            config=config,
+            mlflow_run_id=mlflow_run_id,
+            registered_name=registered_name,
+            metric=params.eval_metric,
+        )
+
+
+def end_tracking(mlflow_run_id: str, *, conns: Mapping[str, str | None], **context: Any) -> str:
+    """Teardown: close the MLflow run FINISHED, or FAILED when a task of this run failed; tag the Ray job."""
+    from rlhf_ops.pipeline.layout import patched_environ
+    from rlhf_ops.pipeline.tracking import end_tracking as end
+
+    ti = context["ti"]
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id) or {}
+    failed = any(str(state) in FAILED_STATES for task_id, state in states.items() if task_id != ti.task_id)
+    tags = {}
+    if submission_id := ti.xcom_pull(task_ids="train", key="ray_submission_id"):
+        tags["ray.submission_id"] = str(submission_id)
+    with patched_environ(connection_env(**conns)):
+        return end(run_id=mlflow_run_id, failed=failed, tags=tags)

@@ -1,0 +1,90 @@
+"""Generation for evaluation: the HF rollout engine on an HF model folder, in this one process (no Ray).
+
+Notation: B = prompts in a batch, n = samples per prompt, R = ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlhf_ops.data.dataset import PromptDataset
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """One decoded response of prompt ``prompt_index`` (its ``sample`` number among the n)."""
+
+    prompt_index: int
+    sample: int
+    text: str
+    length: int
+
+
+def load_policy(model_dir: str, *, dtype: str = "float32", trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from an HF folder, the model in eval mode on the CPU or the first GPU."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+    )
+    model = model.to(device)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    dataset: PromptDataset,
+    indices: Sequence[int],
+    *,
+    n: int,
+    do_sample: bool,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> list[Generation]:
+    """``n`` responses to each prompt at ``indices`` (greedy when ``do_sample`` is False).
+
+    Returns:
+        ``len(indices) * n`` generations, prompt-major (the n samples of a prompt are adjacent).
+    """
+    from workers.rollout.hf_rollout import HFRollout
+
+    device = next(model.parameters()).device
+    engine = HFRollout(
+        model,
+        pad_token_id=int(tokenizer.pad_token_id),
+        eos_token_id=int(tokenizer.eos_token_id),
+        response_length=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        do_sample=do_sample,
+        seed=seed,
+        sync_stop=False,
+    )
+    out: list[Generation] = []
+    for start in range(0, len(indices), batch_size):
+        chunk = list(indices[start : start + batch_size])
+        batch = dataset.batch(chunk, pad_token_id=int(tokenizer.pad_token_id), uid_prefix="eval").to(device)
+        batch.meta_info["n"] = n
+        result = engine.generate_sequences(batch)
+        assert result.batch is not None  # the engine always returns tensors
+        responses, mask = result.batch["responses"], result.batch["response_mask"]  # (B*n, R) each
+        lengths = mask.sum(-1).tolist()
+        for row, (tokens, length) in enumerate(zip(responses, lengths, strict=True)):
+            text = tokenizer.decode(tokens[: int(length)].tolist(), skip_special_tokens=True)
+            out.append(Generation(prompt_index=chunk[row // n], sample=row % n, text=text, length=int(length)))
+    return out

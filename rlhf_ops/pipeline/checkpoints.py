@@ -1,0 +1,126 @@
+"""Finding a run's committed checkpoints and their eval reports, locally or on the remote store.
+
+A checkpoint counts once its ``MANIFEST.json`` is there (the trainer writes it last, and the remote sync
+uploads it after every file). Its evaluation writes ``eval.json`` into the same ``global_step_<N>/`` folder
+(not listed in the manifest, so it never changes what the checkpoint is) locally and on the remote store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from rlhf_ops.checkpoint.manifest import is_complete, list_steps, step_dir_name
+from rlhf_ops.pipeline.layout import RunLayout
+
+log = logging.getLogger(__name__)
+
+EVAL_FILE = "eval.json"
+
+
+def find_checkpoint(step: int, layout: RunLayout) -> str | None:
+    """Path (local) or URL (remote) of committed checkpoint ``step``, or None while it is not committed.
+
+    The local folder wins when it is complete (nothing to download); else the remote store is asked.
+    """
+    local = Path(layout.local_run_dir) / step_dir_name(step)
+    if local.is_dir() and is_complete(local):
+        return str(local)
+    if layout.remote_run_url:
+        from rlhf_ops.storage import open_store
+
+        url = f"{layout.remote_run_url}/{step_dir_name(step)}"
+        fs, path = open_store(url)
+        fs.invalidate_cache()
+        if is_complete(path, fs=fs):
+            return url
+    return None
+
+
+def local_checkpoint(step: int, layout: RunLayout, location: str) -> Path:
+    """A local folder holding checkpoint ``step``: ``location`` itself, or a verified download of it."""
+    if "://" not in location or location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    from rlhf_ops.storage import download_checkpoint
+
+    dest = Path(layout.cache_dir) / step_dir_name(step)
+    if dest.is_dir() and is_complete(dest):
+        return dest
+    log.info("downloading %s -> %s", location, dest)
+    download_checkpoint(location, dest, overwrite=True)
+    return dest
+
+
+def write_eval_report(report: dict[str, Any], *, step: int, local_dir: Path, layout: RunLayout) -> list[str]:
+    """Write ``eval.json`` beside the checkpoint: in ``local_dir`` and in the remote folder; returns where."""
+    text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+    places = []
+    path = local_dir / EVAL_FILE
+    path.write_text(text)
+    places.append(str(path))
+    local_run_ckpt = Path(layout.local_run_dir) / step_dir_name(step)
+    if local_run_ckpt.is_dir() and local_run_ckpt.resolve() != local_dir.resolve():
+        (local_run_ckpt / EVAL_FILE).write_text(text)  # evaluated from a download: also beside the original
+        places.append(str(local_run_ckpt / EVAL_FILE))
+    if layout.remote_run_url:
+        from rlhf_ops.storage import open_store
+
+        url = f"{layout.remote_run_url}/{step_dir_name(step)}/{EVAL_FILE}"
+        fs, remote_path = open_store(url)
+        fs.pipe_file(remote_path, text.encode())
+        places.append(url)
+    return places
+
+
+def _read_report(fs: Any, path: str) -> dict[str, Any] | None:
+    try:
+        with fs.open(path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        log.warning("%s is not valid JSON; ignoring it", path)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def collect_eval_reports(layout: RunLayout) -> dict[int, dict[str, Any]]:
+    """``{step: eval report}`` of every evaluated checkpoint, local reports first, then remote ones."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    reports: dict[int, dict[str, Any]] = {}
+    local_fs = LocalFileSystem()
+    for step in list_steps(layout.local_run_dir):
+        report = _read_report(local_fs, str(Path(layout.local_run_dir) / step_dir_name(step) / EVAL_FILE))
+        if report is not None:
+            reports[step] = report
+    if layout.remote_run_url:
+        from rlhf_ops.storage import open_store
+
+        fs, root = open_store(layout.remote_run_url)
+        for step in list_steps(root, fs=fs):
+            if step not in reports:
+                report = _read_report(fs, f"{root}/{step_dir_name(step)}/{EVAL_FILE}")
+                if report is not None:
+                    reports[step] = report
+    return reports
+
+
+def best_step(reports: dict[int, dict[str, Any]], metric: str, *, higher_is_better: bool = True) -> int | None:
+    """The step whose report has the best finite ``metrics[metric]``; ties go to the later step.
+
+    Raises:
+        ValueError: reports exist but none has ``metric`` (a typo in ``eval_metric``).
+    """
+    scored = []
+    for step, report in reports.items():
+        value = (report.get("metrics") or {}).get(metric)
+        if isinstance(value, int | float) and math.isfinite(value):
+            scored.append((value if higher_is_better else -value, step))
+    if not scored and reports:
+        known = sorted({k for r in reports.values() for k in (r.get("metrics") or {})})
+        raise ValueError(f"eval_metric={metric!r} is in no eval report; use one of {known}")
+    return max(scored)[1] if scored else None

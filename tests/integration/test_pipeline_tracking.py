@@ -1,0 +1,90 @@
+"""The pipeline's tracking steps against a real MLflow server: start/end of the run, warm start from the champion."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from rlhf_ops.pipeline.register import download_champion
+from rlhf_ops.pipeline.tracking import end_tracking, start_tracking
+from rlhf_ops.tracking.mlflow_tracking import MlflowLogger, register_if_better
+from tests.support.mlflow_server import mlflow_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+CONFIG = {"algorithm": {"adv_estimator": "grpo"}, "tracking": {"experiment": "pipeline-it"}, "actor": {"lr": 1e-3}}
+
+
+@pytest.fixture(scope="module")
+def tracking_uri() -> Iterator[str]:
+    with mlflow_server() as uri:
+        yield uri
+
+
+def _prepared(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 1, "counts": {"train": 3}}))
+    rows = [{"row_index": i, "reason": "prompt too long"} for i in range(150)]
+    (tmp_path / "rejected.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"manifest_url": str(tmp_path / "manifest.json"), "rejected_url": str(tmp_path / "rejected.jsonl")}
+
+
+def test_start_tracking_is_idempotent_and_logs_what_is_known(tracking_uri: str, tmp_path: Path) -> None:
+    kwargs = {
+        "config": CONFIG,
+        "preset": "tiny-cpu",
+        "dag_id": "rlhf_ppo",
+        "dag_run_id": "manual__1",
+        "run_date": dt.datetime(2026, 11, 29, 10, 0, tzinfo=dt.UTC),
+        "prepared": _prepared(tmp_path),
+        "tracking_uri": tracking_uri,
+    }
+    first = start_tracking(try_number=1, **kwargs)
+    second = start_tracking(try_number=2, **kwargs)  # a retried task finds the same run
+    run_id = first["mlflow_run_id"]
+    assert second["mlflow_run_id"] == run_id
+    assert first["mlflow_run_url"] == f"{tracking_uri}/#/experiments/{first['mlflow_experiment_id']}/runs/{run_id}"
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(run_id)
+    assert run.info.run_name == "tiny-cpu/grpo/2026-11-29T10:00"
+    assert run.data.params["actor.lr"] == "0.001"
+    assert run.data.tags["airflow.try_number"] == "2" and run.data.tags["rlhf.preset"] == "tiny-cpu"
+    rejected = client.download_artifacts(run_id, "data/rejected_sample.jsonl", str(tmp_path / "dl"))
+    assert len(Path(rejected).read_text().splitlines()) == 100  # a sample, not all 150
+    assert end_tracking(run_id=run_id, failed=True, tags={"ray.submission_id": "af-x"}, tracking_uri=tracking_uri) == (
+        "FAILED"
+    )
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["ray.submission_id"] == "af-x"
+
+
+def test_warm_start_downloads_the_champion_once(tracking_uri: str, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    assert download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri) is None
+    client = MlflowClient(tracking_uri)
+    run_id = client.create_run(client.create_experiment("warm-start-it")).info.run_id
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "llama"}')
+    (hf / "model.safetensors").write_bytes(b"\0" * 16)
+    model_uri = MlflowLogger(run_id, tracking_uri=tracking_uri, log_system_metrics=False).log_model_dir(hf)
+    assert model_uri is not None
+    version, promoted = register_if_better(
+        run_id=run_id,
+        model_uri=model_uri,
+        registered_name="pipeline-it-model",
+        metric_name="eval/acc",
+        metric_value=0.5,
+        tracking_uri=tracking_uri,
+    )
+    assert (version, promoted) == ("1", True)
+    folder = download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri)
+    assert folder is not None and Path(folder, "config.json").read_text() == '{"model_type": "llama"}'
+    assert Path(folder).is_relative_to(models / "pipeline-it-model" / "v1")
+    Path(folder, "model.safetensors").write_bytes(b"kept")  # a second call reuses the folder, downloads nothing
+    assert download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri) == folder
+    assert Path(folder, "model.safetensors").read_bytes() == b"kept"
