@@ -133,7 +133,7 @@ def _mlflow_start(root: Path, *, postgres: bool) -> Any:
     backend = None
     if postgres:
         ensure_postgres_databases(["rlhf_airflow", "rlhf_mlflow"])
-        backend = f"{PG_URL.replace('+psycopg2', '')}/rlhf_mlflow"
+        backend = f"{PG_URL}/rlhf_mlflow"  # SQLAlchemy 2.1 defaults postgresql:// to psycopg 3
     return start_mlflow_server(root / "mlflow", backend_store_uri=backend), backend
 
 
