@@ -9,3 +9,5 @@ export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export PYTHONUNBUFFERED=1
+# MLflow's telemetry thread mutates os.environ while requests reads it (KeyError seen in a task).
+export MLFLOW_DISABLE_TELEMETRY=true
