@@ -9,7 +9,7 @@ decides how arguments are dispatched and results collected::
         values = critic.call(CriticWorker.compute_values, batch)  # DP_COMPUTE_PROTO -> DataProto
 
 There is no generated proxy: a role that wants a typed driver-side API writes a small client
-class whose methods call ``group.call`` (see ``workers/single_controller/README.md``). Passing the method
+class whose methods call ``group.call`` (see ``docs/single_controller.md``). Passing the method
 itself (``CriticWorker.compute_values``) rather than its name lets mypy check the arguments.
 
 Failure policy: any failure of any rank (process death, an exception in the method, a timeout)
