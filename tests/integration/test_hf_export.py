@@ -20,11 +20,12 @@ from rlhf_ops.checkpoint.export import EXPORT_INFO_FILE, export_hf_model
 from rlhf_ops.checkpoint.manager import CheckpointManager
 from rlhf_ops.checkpoint.manifest import read_manifest, update_latest, verify_checkpoint, write_manifest
 from rlhf_ops.cli import main as rlhf_main
-from rlhf_ops.config import derive_batch_plan, dump_config, load_config
+from rlhf_ops.config import dump_config, load_config
 from rlhf_ops.padding import compute_position_ids
 from rlhf_ops.protocol import DataProto
 from tests.support.moto_server import free_port
-from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker
+from tests.support.training import start_actor_group
+from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.checkpointing import (
     LORA_SCALING_FILE,
     SafeFileSystemReader,
@@ -50,25 +51,7 @@ def _logits(model: Any) -> torch.Tensor:
 
 def _group(model_dir: str, world: int) -> tuple[RayResourcePool, RayWorkerGroup]:
     config = load_config("tiny-cpu", [f"resources.nproc_per_node={world}", "rollout.n=2"])
-    spec = ActorRolloutRefSpec(
-        role="actor",
-        model_path=model_dir,
-        model=config.model,
-        actor=config.actor,
-        ref=config.ref,
-        rollout=config.rollout,
-        algorithm=config.algorithm,
-        plan=derive_batch_plan(config),
-        total_training_steps=10,
-        pad_token_id=0,
-        eos_token_id=2,
-        seed=3,
-        device="cpu",
-    )
-    pool = RayResourcePool([world], use_gpu=False, num_cpus_per_process=0.5, name_prefix=f"export{world}")
-    group = RayWorkerGroup(pool, ActorRolloutRefWorker, worker_kwargs={"spec": spec}, name_prefix="export_actor")
-    group.call(ActorRolloutRefWorker.init_model)
-    return pool, group
+    return start_actor_group(model_dir, config, role="actor", name="export_actor", pool_name=f"export{world}")
 
 
 def _training_batch(num: int = 32, *, prompt_len: int = 5, resp_len: int = 6) -> DataProto:

@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlhf_ops.config import derive_batch_plan, load_config
+from rlhf_ops.config import load_config
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, FSDPConfig, LoraConfig
 from rlhf_ops.padding import compute_position_ids
 from rlhf_ops.protocol import DataProto
+from tests.support.training import start_actor_group
 from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
-from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker
 from workers.actor.dp_actor import DataParallelPPOActor
 from workers.actor.forward import response_log_probs
 from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
@@ -195,25 +195,7 @@ def test_saved_adapters_load_back_with_equal_log_probs(gloo: None, tiny_model_di
 # --------------------------------------------------------------------------------------------- Ray workers
 def _lora_group(model_dir: str, overrides: list[str]) -> tuple[RayResourcePool, RayWorkerGroup]:
     config = load_config("tiny-cpu", ["resources.nproc_per_node=2", *overrides])
-    spec = ActorRolloutRefSpec(
-        role="actor_rollout_ref",
-        model_path=model_dir,
-        model=config.model,
-        actor=config.actor,
-        ref=config.ref,
-        rollout=config.rollout,
-        algorithm=config.algorithm,
-        plan=derive_batch_plan(config),
-        total_training_steps=10,
-        pad_token_id=0,
-        eos_token_id=2,
-        seed=3,
-        device="cpu",
-    )
-    pool = RayResourcePool([2], use_gpu=False, num_cpus_per_process=0.5, name_prefix="lora")
-    group = RayWorkerGroup(pool, ActorRolloutRefWorker, worker_kwargs={"spec": spec}, name_prefix="actor_rollout_ref")
-    group.call(ActorRolloutRefWorker.init_model)
-    return pool, group
+    return start_actor_group(model_dir, config, pool_name="lora")
 
 
 def _prompts(num: int) -> DataProto:

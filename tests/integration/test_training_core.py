@@ -12,10 +12,11 @@ import time
 import pytest
 import torch
 
-from rlhf_ops.config import derive_batch_plan, load_config
+from rlhf_ops.config import load_config
 from rlhf_ops.padding import compute_position_ids
 from rlhf_ops.protocol import DataProto
-from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker
+from tests.support.training import start_actor_group
+from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.clients import ActorRolloutRefClient
 from workers.single_controller.futures import WorkerGroupError
 from workers.single_controller.resource_pool import RayResourcePool
@@ -26,25 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
 
 def _group(tiny_model_dir: str, world: int, overrides: list[str]) -> tuple[RayResourcePool, RayWorkerGroup]:
     config = load_config("tiny-cpu", [f"resources.nproc_per_node={world}", *overrides])
-    spec = ActorRolloutRefSpec(
-        role="actor_rollout_ref",
-        model_path=tiny_model_dir,
-        model=config.model,
-        actor=config.actor,
-        ref=config.ref,
-        rollout=config.rollout,
-        algorithm=config.algorithm,
-        plan=derive_batch_plan(config),
-        total_training_steps=10,
-        pad_token_id=0,
-        eos_token_id=2,
-        seed=3,
-        device="cpu",
-    )
-    pool = RayResourcePool([world], use_gpu=False, num_cpus_per_process=0.5, name_prefix=f"t{world}")
-    group = RayWorkerGroup(pool, ActorRolloutRefWorker, worker_kwargs={"spec": spec}, name_prefix="actor_rollout_ref")
-    group.call(ActorRolloutRefWorker.init_model)
-    return pool, group
+    return start_actor_group(tiny_model_dir, config, pool_name=f"t{world}")
 
 
 def _synthetic_batch(num: int, *, prompt_len: int = 5, resp_len: int = 6, seed: int = 0) -> DataProto:

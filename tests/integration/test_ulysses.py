@@ -317,31 +317,11 @@ def test_loss_and_gradients_equal_the_non_sp_run(sp2: dict[str, Any], name: str)
 
 # ------------------------------------------------------------------------------------- Ray worker group
 def _actor_group(model_dir: str, world: int, overrides: list[str]) -> tuple[Any, Any]:
-    from rlhf_ops.config import derive_batch_plan, load_config
-    from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker
-    from workers.single_controller.resource_pool import RayResourcePool
-    from workers.single_controller.worker_group import RayWorkerGroup
+    from rlhf_ops.config import load_config
+    from tests.support.training import start_actor_group
 
     config = load_config("tiny-cpu", [f"resources.nproc_per_node={world}", *overrides])
-    spec = ActorRolloutRefSpec(
-        role="actor_rollout_ref",
-        model_path=model_dir,
-        model=config.model,
-        actor=config.actor,
-        ref=config.ref,
-        rollout=config.rollout,
-        algorithm=config.algorithm,
-        plan=derive_batch_plan(config),
-        total_training_steps=10,
-        pad_token_id=0,
-        eos_token_id=2,
-        seed=3,
-        device="cpu",
-    )
-    pool = RayResourcePool([world], use_gpu=False, num_cpus_per_process=0.5, name_prefix=f"sp{world}")
-    group = RayWorkerGroup(pool, ActorRolloutRefWorker, worker_kwargs={"spec": spec}, name_prefix="actor_sp")
-    group.call(ActorRolloutRefWorker.init_model)
-    return pool, group
+    return start_actor_group(model_dir, config, name="actor_sp", pool_name=f"sp{world}")
 
 
 def _training_batch() -> Any:
