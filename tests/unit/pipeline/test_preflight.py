@@ -89,6 +89,18 @@ def test_the_built_tiny_llama_folder_passes(tiny_model_dir: str, tmp_path: Path)
     assert preflight_problems(_config(tmp_path, model=Path(tiny_model_dir))) == []
 
 
+def test_the_real_smollm2_folder_passes_and_says_how_pad_eos_is_handled(tmp_path: Path) -> None:
+    from tests.support.real_model import smollm2_path
+
+    model = Path(smollm2_path())  # bf16 safetensors, tokenizer.json, chat_template.jinja, pad == eos
+    notes: list[str] = []
+    assert preflight_problems(_config(tmp_path, model=model), notes=notes) == []
+    assert notes == [
+        "model.path: pad == eos ('<|im_end|>'); a response keeps its first eos in the mask and the reward, "
+        "the padding after it is masked"
+    ]
+
+
 @pytest.mark.parametrize(
     ("breakage", "message"),
     [
