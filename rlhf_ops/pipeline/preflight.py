@@ -76,9 +76,12 @@ def preflight_problems(
         found, has_chat = check_data_files(key, files, prompt_key=data.prompt_key, ground_truth_key=truth_key)
         problems += found
         chat = chat or has_chat
-    problems += check_tokenizer(
-        tokenizer_key, model.tokenizer_path or model.path, chat_prompts=chat and data.apply_chat_template, notes=notes
-    )
+    # A folder that is not a model at all gets one line (from check_model_dir), not one per missing file.
+    if model.tokenizer_path or (Path(model.path) / "config.json").is_file():
+        chat_prompts = chat and data.apply_chat_template
+        problems += check_tokenizer(
+            tokenizer_key, model.tokenizer_path or model.path, chat_prompts=chat_prompts, notes=notes
+        )
     problems += check_reward_fn(config.reward.reward_fn)
     if trainer.remote_store_url:
         probe = remote_probe_dir or "/".join(
