@@ -279,8 +279,12 @@ class TrainerConfig(_Section):
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     test_freq: int = Field(0, ge=0, description="Validate every N steps (0 = never during training).")
     val_before_train: bool = False
-    checkpoint_root: str = Field("checkpoints", description="Local folder for checkpoints.")
-    remote_store_url: str | None = Field(None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to.")
+    checkpoint_root: Annotated[str, _not_blank("set a folder, e.g. 'checkpoints'")] = Field(
+        "checkpoints", description="Local folder for checkpoints."
+    )
+    remote_store_url: Annotated[str | None, _not_blank("set a URL, or null to keep checkpoints local only")] = Field(
+        None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to."
+    )
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
     resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")

@@ -38,7 +38,12 @@ def test_safe_names_are_kept_as_written(value: str) -> None:
 
 @pytest.mark.parametrize(
     ("key", "fix"),
-    [("reward.reward_fn", "null to score with reward.model_path"), ("tracking.mlflow_uri", "MLFLOW_TRACKING_URI")],
+    [
+        ("reward.reward_fn", "null to score with reward.model_path"),
+        ("tracking.mlflow_uri", "MLFLOW_TRACKING_URI"),
+        ("trainer.remote_store_url", "null to keep checkpoints local only"),
+        ("trainer.checkpoint_root", "set a folder"),
+    ],
 )
 @pytest.mark.parametrize("value", ["", "'  '"])
 def test_empty_strings_are_refused_where_null_is_meant(key: str, fix: str, value: str) -> None:

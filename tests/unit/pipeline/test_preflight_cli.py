@@ -113,3 +113,16 @@ print("torch imported:", "torch" in sys.modules)
     )
     assert "FAILED: preflight found 1 problem(s); nothing was started:" in lines
     assert lines[-1] == "torch imported: False"
+
+
+def test_the_resume_mode_from_the_operator_is_validated_like_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlhf_ops.config import ConfigError, load_config
+    from rlhf_ops.entrypoints.train import checked_config
+
+    config = load_config("tiny-cpu")
+    monkeypatch.setenv("RLHF_RESUME_MODE", "disable")
+    assert checked_config(config).trainer.resume_mode == "disable"
+    monkeypatch.setenv("RLHF_RESUME_MODE", "typo")
+    with pytest.raises(ConfigError) as caught:
+        checked_config(config)
+    assert [p.key for p in caught.value.problems] == ["trainer.resume_mode"]
