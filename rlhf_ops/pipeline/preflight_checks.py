@@ -304,8 +304,25 @@ def _jsonl_columns(fs: Any, path: str, prompt_key: str, sample: int = 64) -> Dat
     return DataColumns(None if len(rows) >= sample else len(rows), frozenset(columns), chat)
 
 
+def _hf_dataset_columns(fs: Any, path: str, prompt_key: str) -> DataColumns:
+    """Columns of an HF ``datasets`` folder (``save_to_disk``) from its ``dataset_info.json`` features."""
+    with fs.open(f"{path}/dataset_info.json", "rt", encoding="utf-8") as f:
+        features = json.load(f).get("features") or {}
+    names = set(features)
+    for name, feature in features.items():  # a struct is a plain mapping of sub-features (no "_type")
+        if isinstance(feature, dict) and "_type" not in feature:
+            names |= {f"{name}.{child}" for child in feature}
+    prompt = features.get(prompt_key)
+    chat = isinstance(prompt, list) or (isinstance(prompt, dict) and prompt.get("_type") in ("List", "Sequence"))
+    return DataColumns(None, frozenset(names), chat)
+
+
 def read_data_columns(url: str, *, prompt_key: str, timeout_s: float = NETWORK_TIMEOUT_S) -> DataColumns:
-    """Columns of one ``.parquet`` / ``.jsonl`` file at any fsspec URL (raises OSError / ValueError)."""
+    """Columns of one ``.parquet`` / ``.jsonl`` file or HF datasets folder at any fsspec URL.
+
+    Raises:
+        FileNotFoundError: nothing at ``url``. OSError, ValueError, TimeoutError: it cannot be read.
+    """
 
     def read() -> DataColumns:
         fs, path = open_url(url)
@@ -315,7 +332,9 @@ def read_data_columns(url: str, *, prompt_key: str, timeout_s: float = NETWORK_T
             return _parquet_columns(fs, path, prompt_key)
         if url.endswith((".jsonl", ".json")):
             return _jsonl_columns(fs, path, prompt_key)
-        raise ValueError(f"{url} is neither .parquet nor .jsonl")
+        if fs.isdir(path) and fs.exists(f"{path}/dataset_info.json"):
+            return _hf_dataset_columns(fs, path, prompt_key)
+        raise ValueError(f"{url} is neither .parquet, .jsonl nor an HF datasets folder (save_to_disk)")
 
     return within(timeout_s, read)
 

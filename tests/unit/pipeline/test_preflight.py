@@ -241,7 +241,22 @@ def test_verl_layout_nested_ground_truth_and_empty_and_unreadable_files(tmp_path
     assert "cannot read" in _by_key(preflight_problems(_config(tmp_path, data=broken)))["data.train_files"]
     csv = tmp_path / "train.csv"
     csv.write_text("prompt,ground_truth\n")
-    assert "neither .parquet nor .jsonl" in str(preflight_problems(_config(tmp_path, data=csv)))
+    assert "neither .parquet, .jsonl nor an HF datasets folder" in str(preflight_problems(_config(tmp_path, data=csv)))
+
+
+def test_an_hf_datasets_folder_is_read_from_its_features(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{"prompt": CHAT_ROWS[0]["prompt"], "reward_model": {"ground_truth": "4"}}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    config = _config(tmp_path, "data.ground_truth_key=reward_model.ground_truth", data=tmp_path / "ds")
+    assert preflight_problems(config) == []
+    problems = _by_key(preflight_problems(_config(tmp_path, data=tmp_path / "ds")))  # no top-level ground_truth
+    assert list(problems) == ["data.ground_truth_key"], problems
+    # chat prompts were recognised: a tokenizer without a template is refused for them
+    model = _model_dir(tmp_path / "plain", tokenizer_config={"eos_token": "<eos>"})
+    config = _config(tmp_path, "data.ground_truth_key=reward_model.ground_truth", data=tmp_path / "ds", model=model)
+    assert [p.key for p in preflight_problems(config)] == ["data.apply_chat_template"]
 
 
 def test_an_unreachable_s3_endpoint_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
