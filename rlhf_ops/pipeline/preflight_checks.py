@@ -9,7 +9,6 @@ network runs under a deadline (:func:`within`), so an unreachable endpoint costs
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import struct
@@ -32,7 +31,6 @@ NETWORK_TIMEOUT_S = 10.0
 # A tokenizer needs one of these (fast tokenizer, sentencepiece, BPE vocab, WordPiece vocab).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-REWARD_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 # Short botocore timeouts and one retry: a probe that hangs tells the user less than one that fails fast.
 _S3_PROBE_OPTIONS = {
     "config_kwargs": {
@@ -214,38 +212,18 @@ def check_tokenizer(key: str, path: str, *, chat_prompts: bool, notes: list[str]
 
 
 # ---- reward function ----------------------------------------------------------------------------
-def _check_signature(spec: str) -> Any:
-    """Fallback for ``rlhf_ops.rewards.registry.check_reward_fn``: import, then bind verl's four arguments."""
-    from rlhf_ops.rewards.registry import load_reward_fn
-
-    fn = load_reward_fn(spec)
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return fn  # builtins without a signature: nothing to check
-    values = ("", "", "", None)
-    try:
-        sig.bind(*values)
-        sig.bind(**dict(zip(REWARD_ARGS, values, strict=True)))
-    except TypeError as exc:
-        raise ValueError(
-            f"reward function {spec!r} has the signature {sig}, which does not take verl's arguments ({exc}); "
-            "define fn(data_source, solution_str, ground_truth, extra_info=None) -> float | dict"
-        ) from None
-    return fn
-
-
 def check_reward_fn(spec: str | None) -> list[Problem]:
     """``reward.reward_fn`` imports and takes ``(data_source, solution_str, ground_truth, extra_info)``."""
     if spec is None:
         return []
-    from rlhf_ops.rewards import registry
+    from rlhf_ops.rewards.registry import check_reward_fn as check
 
-    check: Callable[[str], Any] = getattr(registry, "check_reward_fn", _check_signature)
     try:
         check(spec)
     except ValueError as exc:
-        message, _, fix = str(exc).partition("; ")
+        # check_reward_fn's line names the key itself ("reward.reward_fn: ..." / "reward.reward_fn='x': ...")
+        text = str(exc).removeprefix("reward.reward_fn: ").removeprefix("reward.reward_fn=")
+        message, _, fix = text.partition("; ")
         return [Problem("reward.reward_fn", message, fix.rstrip(".") or "fix the reward function")]
     except Exception as exc:  # user code: anything can happen at import time
         return [Problem("reward.reward_fn", f"importing {spec!r} raised {_short(exc)}", "fix the reward module")]

@@ -2,9 +2,22 @@
 
 from typing import Any
 
-from rlhf_ops.rewards.registry import BUILTIN_REWARD_FNS, RewardFn, load_reward_fn
+from rlhf_ops.rewards.registry import (
+    BUILTIN_REWARD_FNS,
+    RewardFn,
+    build_reward_fn,
+    check_reward_fn,
+    load_reward_fn,
+)
 
-__all__ = ["BUILTIN_REWARD_FNS", "RewardFn", "compute_token_level_scores", "load_reward_fn"]
+__all__ = [
+    "BUILTIN_REWARD_FNS",
+    "RewardFn",
+    "build_reward_fn",
+    "check_reward_fn",
+    "compute_token_level_scores",
+    "load_reward_fn",
+]
 
 
 def __getattr__(name: str) -> Any:

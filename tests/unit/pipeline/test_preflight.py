@@ -174,8 +174,11 @@ def _module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: 
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("def score(text):\n    return 1.0\n", "does not take verl's arguments"),
-        ("def score(data_source, solution, ground_truth, extra_info=None):\n    return 1.0\n", "solution_str"),
+        ("def score(text):\n    return 1.0\n", "score(text) cannot be called positionally"),
+        (
+            "def score(data_source, solution, ground_truth, extra_info=None):\n    return 1.0\n",
+            "cannot be called by keyword with (data_source, solution_str, ground_truth, extra_info)",
+        ),
         ("raise RuntimeError('needs a GPU')\n", "needs a GPU"),
         ("score = 3\n", "not callable"),
     ],
