@@ -199,7 +199,11 @@ def check_tokenizer(key: str, path: str, *, chat_prompts: bool, notes: list[str]
         )
     if info.eos_token is None:
         problems.append(
-            Problem(key, f"the tokenizer in {path} has no eos_token (responses could not stop)", "set eos_token")
+            Problem(
+                key,
+                f"the tokenizer in {path} has no eos_token (the trainer stops and masks responses at it)",
+                'add "eos_token": "<end-of-turn token>" to its tokenizer_config.json',
+            )
         )
     elif info.pad_token is None:
         notes.append(f"{key}: no pad token; the platform pads with the eos token {info.eos_token!r}")

@@ -140,7 +140,8 @@ def test_missing_tokenizer_files_and_eos(tmp_path: Path) -> None:
     assert problems == [
         f"model.path: {model} has no tokenizer (tokenizer.json, tokenizer.model, vocab.json, vocab.txt). "
         "Fix: save the tokenizer there too",
-        f"model.path: the tokenizer in {model} has no eos_token (responses could not stop). Fix: set eos_token",
+        f"model.path: the tokenizer in {model} has no eos_token (the trainer stops and masks responses at it). "
+        'Fix: add "eos_token": "<end-of-turn token>" to its tokenizer_config.json',
     ]
 
 
