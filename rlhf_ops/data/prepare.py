@@ -276,7 +276,7 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
     prompt = _format_prompt(value, spec)
     verl = "ground_truth" not in spec.field_map and "ground_truth" not in row  # verl nests it in reward_model
     gt_path = _VERL_GROUND_TRUTH if verl else fields["ground_truth"]
-    columns = {
+    columns: dict[str, Any] = {
         "ground_truth": _scalar(row, gt_path, "ground_truth", ""),
         "data_source": _scalar(row, fields["data_source"], "data_source", default_source),
         "extra_info": _extra_info(row, fields["extra_info"]),
