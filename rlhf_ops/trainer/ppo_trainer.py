@@ -21,7 +21,12 @@ from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
-from rlhf_ops.trainer.metrics import compute_data_metrics, compute_reward_metrics_by_source, compute_throughput_metrics
+from rlhf_ops.trainer.metrics import (
+    compute_data_metrics,
+    compute_reward_metrics_by_source,
+    compute_rollout_probs_diff,
+    compute_throughput_metrics,
+)
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
 from rlhf_ops.trainer.timing import StageTimer
@@ -137,6 +142,9 @@ class PPOTrainer:
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer)
+        if "old_log_probs" in batch.tensors.keys():  # the engine's log-probs against the actor's recompute
+            b = batch.tensors
+            metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
             metrics["perf/dp_token_imbalance"] = imbalance
