@@ -62,6 +62,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
 
     from rlhf_ops.checkpoint.manager import CheckpointManager
     from rlhf_ops.data.dataset import PromptDataset, PromptLoader
+    from rlhf_ops.models.generation import eos_token_ids
     from rlhf_ops.models.resolve import resolve_model_path
     from rlhf_ops.rewards import load_reward_fn
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
@@ -75,6 +76,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     plan = derive_batch_plan(config)
     model_path = resolve_model_path(config.model.path)
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or model_path)
+    eos_ids = eos_token_ids(model_path, tokenizer)  # generation_config.json may list more than the tokenizer's
     data = config.data
 
     def dataset(files: list[str], seed: int) -> PromptDataset:
@@ -121,7 +123,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         model_path=model_path,
         total_training_steps=total,
         pad_token_id=int(tokenizer.pad_token_id),
-        eos_token_id=int(tokenizer.eos_token_id),
+        eos_token_id=tuple(eos_ids),
     )
     logger = build_loggers(config, run_dir)
     try:
@@ -153,6 +155,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             logger=logger,
             tokenizer=tokenizer,
             checkpointer=checkpointer,
+            eos_token_ids=eos_ids,
         )
         return trainer.fit()
     finally:

@@ -7,7 +7,7 @@ Notation: B = sequences of a step (prompts x n), R = response length.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,11 +86,14 @@ class PPOTrainer:
         logger: MetricLogger,
         tokenizer: Any,
         checkpointer: Any | None = None,
+        eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         self.config, self.plan = config, plan
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
         self.train_loader, self.val_loader = train_loader, val_loader
         self.logger, self.tokenizer, self.checkpointer = logger, tokenizer, checkpointer
+        # Every id that ends a response (rlhf_ops.models.generation.eos_token_ids); default: the tokenizer's.
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
         self.state = TrainerState()
         steps_per_epoch = len(train_loader)
@@ -108,7 +111,7 @@ class PPOTrainer:
             "top_k": r.top_k,
             "do_sample": True,
             "response_length": r.max_new_tokens,
-            "eos_token_id": int(self.tokenizer.eos_token_id),
+            "eos_token_id": list(self.eos_token_ids),
             "pad_token_id": int(self.tokenizer.pad_token_id),
             "recompute_log_prob": True,
         }
@@ -198,6 +201,7 @@ class PPOTrainer:
             sampling=self.config.rollout.val_kwargs,
             response_length=self.config.rollout.max_new_tokens,
             tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
         )
 
     def fit(self) -> TrainerState:
