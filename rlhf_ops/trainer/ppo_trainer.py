@@ -145,7 +145,9 @@ class PPOTrainer:
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer)
-        if "old_log_probs" in batch.tensors.keys():  # the engine's log-probs against the actor's recompute
+        # The engine's log-probs against the actor's recompute; engines report temperature-1 ("raw")
+        # log-probs while old_log_probs use the rollout temperature, so they compare only at temperature 1.
+        if "old_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
             b = batch.tensors
             metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.trainer.balance_batch:
