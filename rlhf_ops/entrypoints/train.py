@@ -91,6 +91,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
 
     from rlhf_ops.checkpoint.manager import CheckpointManager
     from rlhf_ops.data.dataset import PromptDataset, PromptLoader
+    from rlhf_ops.models.generation import eos_token_ids
     from rlhf_ops.models.resolve import resolve_model_path
     from rlhf_ops.rewards import build_reward_fn
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
@@ -104,6 +105,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     if tokenizer.pad_token_id is None:  # verl's rule: pad with eos; the response mask ends at the first eos
         log.warning("the tokenizer has no pad token; padding with eos %r", tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
+    eos_ids = eos_token_ids(model_path, tokenizer)  # generation_config.json may list more than the tokenizer's
     data = config.data
 
     def dataset(files: list[str], seed: int) -> PromptDataset:
@@ -150,7 +152,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         model_path=model_path,
         total_training_steps=total,
         pad_token_id=int(tokenizer.pad_token_id),
-        eos_token_id=int(tokenizer.eos_token_id),
+        eos_token_id=tuple(eos_ids),
     )
     logger = build_loggers(config, run_dir)
     try:
@@ -192,6 +194,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             logger=logger,
             tokenizer=tokenizer,
             checkpointer=checkpointer,
+            eos_token_ids=eos_ids,
         )
         return trainer.fit()
     finally:
