@@ -236,6 +236,15 @@ class ResourcesConfig(_Section):
     nproc_per_node: int = Field(2, gt=0, description="Worker ranks per node (one per GPU on GPU clusters).")
     device: Literal["cpu", "cuda"] = Field("cpu")
     num_cpus_per_worker: float = Field(0.5, gt=0.0, description="Ray CPU request per rank (fractional on CPU).")
+    gpus_per_worker: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Ray GPU request per rank with device=cuda; below 1 ranks share a GPU (0.5: two per GPU). NCCL refuses "
+            "two ranks on one device, so shared GPUs use gloo (CUDA tensors staged through the host): for checks."
+        ),
+    )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
 
 
