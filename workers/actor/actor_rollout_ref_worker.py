@@ -199,8 +199,13 @@ class ActorRolloutRefWorker(Worker):
             )
             # The engine holds its own copy of the weights: the manager gathers the FSDP shards bucket by
             # bucket into it before each generation that follows an update (and frees KV cache after, on GPU).
+            # Cast to the engine's dtype at the gather: fp32 masters into a bf16 engine move half the bytes.
             self.sharding_manager = FSDPShardingManager(
-                self.actor.module, engine, bucket_bytes=r.weight_sync_bucket_mb * 2**20, device=self.device
+                self.actor.module,
+                engine,
+                bucket_bytes=r.weight_sync_bucket_mb * 2**20,
+                device=self.device,
+                dtype=getattr(torch, r.dtype),
             )
             return engine
         from workers.rollout.hf_rollout import HFRollout
