@@ -72,3 +72,29 @@ def test_master_dtype_is_a_config_key() -> None:
     cfg = load_config("tiny-cpu", ["actor.fsdp.master_dtype=bfloat16"])
     assert cfg.actor.fsdp.master_dtype == "bfloat16"
     assert cfg.ref.fsdp.master_dtype is None
+
+
+def _problems(overrides: list[str]) -> dict[str, str]:
+    from rlhf_ops.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny-cpu", overrides)
+    return {p.key: f"{p.message}. Fix: {p.fix}" for p in info.value.problems}
+
+
+def test_gpu_share_on_cpu_is_refused() -> None:
+    problems = _problems(["resources.gpus_per_worker=0.5"])
+    assert "set resources.device=cuda" in problems["resources.gpus_per_worker"]
+
+
+def test_gpu_share_with_tensor_parallel_rollout_is_refused() -> None:
+    problems = _problems(
+        ["resources.device=cuda", "resources.gpus_per_worker=0.5", "rollout.tensor_model_parallel_size=2"]
+    )
+    assert "NCCL refuses two ranks on one device" in problems["rollout.tensor_model_parallel_size"]
+    assert "resources.gpus_per_worker" not in problems  # device=cuda: the share itself is fine
+
+
+def test_two_ranks_sharing_one_gpu_validate() -> None:
+    cfg = load_config("tiny-cpu", ["resources.device=cuda", "resources.gpus_per_worker=0.5"])
+    assert cfg.resources.gpus_per_worker == 0.5

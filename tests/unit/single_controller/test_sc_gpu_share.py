@@ -22,6 +22,7 @@ def test_gpu_share_outside_0_1_is_refused(share: float) -> None:
 
 
 def test_config_key_bounds() -> None:
-    assert load_config("tiny-cpu", ["resources.gpus_per_worker=0.5"]).resources.gpus_per_worker == 0.5
+    cfg = load_config("tiny-cpu", ["resources.device=cuda", "resources.gpus_per_worker=0.5"])
+    assert cfg.resources.gpus_per_worker == 0.5
     with pytest.raises(ConfigError, match="resources.gpus_per_worker"):
         load_config("tiny-cpu", ["resources.gpus_per_worker=2"])
