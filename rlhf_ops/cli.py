@@ -1,6 +1,6 @@
 """The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``prepare-data``, ``model
-import-gguf|resolve``, ``sync``, ``export``, ``demo``. Heavy imports (torch, Ray) happen inside the
-command that needs them.
+import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``. Heavy imports (torch,
+Ray) happen inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_prepare_parser(sub)
     _add_model_parser(sub)
+    from rlhf_ops.evaluation.commands import add_eval_parser
+
+    add_eval_parser(sub)
 
     sync = sub.add_parser("sync", help="upload every complete checkpoint of a run folder")
     sync.add_argument("local_run_dir")
