@@ -83,3 +83,37 @@ def compute_reward_metrics_by_source(
             arr = np.asarray(values, dtype=np.float64)[idx.numpy()]
             out[f"{prefix}/{source}/{key}/mean"] = float(arr.mean())
     return out
+
+
+ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN = "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean"
+
+
+def rollout_probs_diff_stats(
+    rollout_log_probs: Tensor, actor_log_probs: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Mergeable parts of :func:`rollout_probs_diff`: (max, sum, count) of the per-token diffs, 0-dim fp32.
+
+    Micro-batches or ranks merge as the max of maxes and sum / count of the summed sums and counts.
+    """
+    mask = response_mask.bool()
+    diff = (rollout_log_probs.float().exp() - actor_log_probs.detach().float().exp()).abs()[mask]  # (N,)
+    top = diff.max() if diff.numel() else torch.zeros((), device=diff.device)
+    return top, diff.sum(), torch.tensor(float(diff.numel()), device=diff.device)
+
+
+def rollout_probs_diff(rollout_log_probs: Tensor, actor_log_probs: Tensor, response_mask: Tensor) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the actor's (verl's debug metrics).
+
+    ``|exp(rollout_lp) - exp(actor_lp)|`` over the response tokens: on probabilities, not log-probs, so
+    that rare tokens (log-prob -20 vs -19) do not dominate, as in verl's ``calculate_debug_metrics``.
+
+    Args:
+        rollout_log_probs: (B, R) log-probs the engine sampled with.
+        actor_log_probs: (B, R) the actor's log-probs of the same tokens before any optimizer step.
+        response_mask: (B, R) 1 on response tokens.
+
+    Returns:
+        ``training/rollout_probs_diff_max`` and ``training/rollout_probs_diff_mean`` (0 without valid tokens).
+    """
+    top, total, count = rollout_probs_diff_stats(rollout_log_probs, actor_log_probs, response_mask)
+    return {ROLLOUT_DIFF_MAX: top.item(), ROLLOUT_DIFF_MEAN: (total / count.clamp(min=1)).item()}

@@ -1,4 +1,4 @@
-"""The controller loop (verl's dataflow): generate → reward → ref → values → advantages →
+"""The controller loop (verl's dataflow): generate → reward → old_log_prob → ref → values → advantages →
 update_critic → update_actor, one timer per stage, metrics under verl's names.
 
 Notation: B = sequences of a step (prompts x n), R = response length.
@@ -15,13 +15,18 @@ import torch
 from tqdm import tqdm
 
 from rlhf_ops.algorithms import KLController
-from rlhf_ops.config.batch_plan import BatchPlan
-from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
+from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
-from rlhf_ops.trainer.metrics import compute_data_metrics, compute_reward_metrics_by_source, compute_throughput_metrics
+from rlhf_ops.trainer.metrics import (
+    compute_data_metrics,
+    compute_reward_metrics_by_source,
+    compute_throughput_metrics,
+    rollout_probs_diff,
+)
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
 from rlhf_ops.trainer.timing import StageTimer
@@ -65,6 +70,17 @@ def balance_tokens_across_ranks(batch: DataProto, *, dp_size: int) -> tuple[Data
     return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
 
 
+def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
+    """Whether a step needs the actor's separate old-log-prob forward before the update.
+
+    Not when the update is on-policy (one PPO epoch of one mini-batch: every forward runs before the only
+    optimizer step, so the update uses its own detached log-probs, as verl and TRL do), unless the KL
+    penalty in the reward needs them before the update.
+    """
+    on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
+    return algorithm.use_kl_in_reward or not on_policy
+
+
 class PPOTrainer:
     """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
 
@@ -93,6 +109,7 @@ class PPOTrainer:
         if config.trainer.total_training_steps is not None:
             total = min(total, config.trainer.total_training_steps)
         self.total_steps = total
+        self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
 
     # ---- stages -------------------------------------------------------------------------------
     def _sampling_meta(self) -> dict[str, Any]:
@@ -105,7 +122,7 @@ class PPOTrainer:
             "response_length": r.max_new_tokens,
             "eos_token_id": int(self.tokenizer.eos_token_id),
             "pad_token_id": int(self.tokenizer.pad_token_id),
-            "recompute_log_prob": True,
+            "recompute_log_prob": False,  # its own stage in step(), and only when needed
         }
 
     def generate(self, prompts: DataProto, timer: StageTimer) -> DataProto:
@@ -128,7 +145,7 @@ class PPOTrainer:
         greedy = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         greedy.non_tensor_batch = dict(prompts.non_tensor_batch)
         greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
-        out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS[:-1])
+        out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS)
         self.reward(out)
         return out.tensors["token_level_scores"].sum(-1)
 
@@ -148,6 +165,14 @@ class PPOTrainer:
                 scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra
             )
         )
+        if self.needs_old_log_prob:
+            with timer.stage("old_log_prob"):
+                batch = batch.union(
+                    self.actor_rollout_ref.compute_log_prob(batch).select(batch_keys=["old_log_probs"])
+                )
+            if "rollout_log_probs" in batch.tensors:  # else the update reports it from its first forward
+                b = batch.tensors
+                metrics.update(rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.needs_ref:
             with timer.stage("ref"):
                 batch = batch.union(
@@ -259,6 +284,5 @@ _GEN_KEYS = [
     "position_ids",
     "response_mask",
     "rollout_log_probs",
-    "old_log_probs",
 ]
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

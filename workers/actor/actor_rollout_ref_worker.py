@@ -60,6 +60,8 @@ class ActorRolloutRefSpec:
     eos_token_id: int
     seed: int
     device: str
+    num_threads: int = 1
+    """Intra-op threads (``resources.threads_per_worker``); set before the vLLM engine disables set_num_threads."""
 
 
 class ActorRolloutRefWorker(Worker):
@@ -84,6 +86,8 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Builds the FSDP2 models (meta-device init, weights broadcast from rank 0), optimizer, engine."""
         spec = self.spec
+        # First: building a vLLM CPU engine replaces torch.set_num_threads with a no-op for the process.
+        torch.set_num_threads(spec.num_threads)
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
         self.mesh = build_device_mesh(
@@ -207,7 +211,11 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Rollout, then (for training batches) the actor's teacher-forced ``old_log_probs``."""
+        """Rollout; with ``meta_info['recompute_log_prob']`` also the actor's teacher-forced ``old_log_probs``.
+
+        The trainer asks for them in their own stage instead (:meth:`compute_log_prob`, skipped when the
+        update is on-policy); the flag stays for callers that want both in one round trip.
+        """
         self._need("rollout", "generate_sequences")
         assert self.rollout is not None
         if self.sharding_manager is not None:
@@ -228,6 +236,14 @@ class ActorRolloutRefWorker(Worker):
             timing["old_log_prob"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         return out.to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (B, R): the actor's log-probs of the responses at ``meta_info['temperature']``."""
+        self._need("actor", "compute_log_prob")
+        assert self.actor is not None
+        old, _ = self.actor.compute_log_prob(data.to(self.device), temperature=data.meta_info.get("temperature", 1.0))
+        return DataProto.from_dict({"old_log_probs": old.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
