@@ -68,7 +68,9 @@ def main() -> None:
     for variant in ("plain", "fused"):
         cmd = [sys.executable, __file__, "--child", variant, "--tokens", str(args.tokens)]
         cmd += ["--temperature", str(args.temperature)]
-        out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        out = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        )
         print(
             f"{variant:6s} peak over base {out['peak_over_base_mb']:7.0f} MiB "
             f"({out['peak_over_base_mb'] / logits_mb:.1f} x logits), fwd+bwd {out['seconds_median']:.3f} s"

@@ -81,6 +81,12 @@ def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
     return algorithm.use_kl_in_reward or not on_policy
 
 
+def _add_worker_timing(timer: StageTimer, out: DataProto) -> None:
+    """``timing_s/worker/<name>``: seconds a worker spent computing (rank 0's), vs the stage's wall time."""
+    for name, seconds in (out.meta_info.get("timing") or {}).items():
+        timer.add(f"worker/{name}", float(seconds))
+
+
 class PPOTrainer:
     """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
 
@@ -134,8 +140,7 @@ class PPOTrainer:
         repeated = prompts.repeat(self.config.rollout.n, interleave=True)
         with timer.stage("gen"):
             out = self.actor_rollout_ref.generate_sequences(repeated)
-        for name, seconds in (out.meta_info.get("timing") or {}).items():
-            timer.add(f"worker/{name}", float(seconds))
+        _add_worker_timing(timer, out)
         batch = merge_generation(repeated, out, keys=_GEN_KEYS)
         if self.config.algorithm.adv_estimator == "remax":
             batch.tensors["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
@@ -167,17 +172,17 @@ class PPOTrainer:
         )
         if self.needs_old_log_prob:
             with timer.stage("old_log_prob"):
-                batch = batch.union(
-                    self.actor_rollout_ref.compute_log_prob(batch).select(batch_keys=["old_log_probs"])
-                )
+                old = self.actor_rollout_ref.compute_log_prob(batch)
+            _add_worker_timing(timer, old)
+            batch = batch.union(old.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
             if "rollout_log_probs" in batch.tensors:  # else the update reports it from its first forward
                 b = batch.tensors
                 metrics.update(rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.needs_ref:
             with timer.stage("ref"):
-                batch = batch.union(
-                    self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"])
-                )
+                ref = self.actor_rollout_ref.compute_ref_log_prob(batch)
+            _add_worker_timing(timer, ref)
+            batch = batch.union(ref.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
         if self.critic is not None:
             with timer.stage("values"):
                 batch = batch.union(self.critic.compute_values(batch).select(batch_keys=["values"]))

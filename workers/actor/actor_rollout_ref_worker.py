@@ -8,6 +8,7 @@ with the role name if it is missing (no boolean flags branching through the clas
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -242,8 +243,10 @@ class ActorRolloutRefWorker(Worker):
         """``old_log_probs`` (B, R): the actor's log-probs of the responses at ``meta_info['temperature']``."""
         self._need("actor", "compute_log_prob")
         assert self.actor is not None
+        start = time.perf_counter()
         old, _ = self.actor.compute_log_prob(data.to(self.device), temperature=data.meta_info.get("temperature", 1.0))
-        return DataProto.from_dict({"old_log_probs": old.cpu()})
+        timing = {"old_log_prob": time.perf_counter() - start}
+        return DataProto.from_dict({"old_log_probs": old.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -256,11 +259,13 @@ class ActorRolloutRefWorker(Worker):
                 "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,
             }
         )
+        start = time.perf_counter()
         with self._reference_forward():
             log_prob, _ = self.ref.compute_log_prob(
                 data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
             )
-        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()})
+        timing = {"ref": time.perf_counter() - start}
+        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
@@ -275,6 +280,9 @@ class ActorRolloutRefWorker(Worker):
         tokens = self.actor.last_update_tokens
         metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
+        metrics["timing_s/worker/update_actor"] = seconds
+        if self.device.type == "cpu":  # the process's high-water mark (Linux ru_maxrss is KiB)
+            metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self.sharding_manager is not None:
             self.sharding_manager.mark_dirty()
         return DataProto(meta_info={"metrics": metrics})
