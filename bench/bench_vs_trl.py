@@ -328,6 +328,7 @@ def main() -> None:
 
     model_dir = resolve_model_path(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
+    print(f"work dir: {work} (TRL's result: trl.json, reusable with --skip-trl --trl-result)", flush=True)
     data = write_jsonl(work / "rows.jsonl", make_rows(8 * max(args.steps, 1), seed=0))
     started = time.perf_counter()
     peak = matmul_peak(2)
