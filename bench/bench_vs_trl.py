@@ -11,9 +11,10 @@ machine's wheel folder, ``trl``, the platform's transformers; never ``--system-s
 enters the platform's environment.
 
 Settings (each side's best on 2 cores): TRL: one process, 2 torch threads, HF ``generate``, fp32 (``--trl-bf16``
-tries bf16 autocast). Platform: one rank with 2 threads (``resources.num_cpus_per_worker=2``), vLLM rollout,
-remove padding, the fused log-prob/entropy, the old-log-prob pass skipped (on-policy), fp32 unless
-``--bf16`` (needs the precision keys on main). ``--platform-override key=value`` adds overrides.
+tries bf16 autocast). Platform: vLLM rollout, remove padding, the fused log-prob/entropy, the old-log-prob pass
+skipped (on-policy), fp32; run as 1 rank x 2 threads (``resources.num_cpus_per_worker=2``) and as 2 ranks x 1
+thread (``--variants``), the faster one reported. ``--platform-override key=value`` adds overrides (e.g. the
+bf16 autocast key once it is on main).
 
 Prints s/step (median after the first step), tokens/s (prompt + response, valid), peak RSS per process, the
 ratio; a per-stage table (FLOPs from the model's shapes, time, fraction of the matmul peak measured here in
@@ -180,7 +181,7 @@ def platform_overrides(model_dir: str, data: Path, args: argparse.Namespace, wor
         "rollout.temperature=1.0",
         f"rollout.kv_cache_memory_bytes={256 << 20}",
         "reward.reward_fn=bench.trl_workload:compute_score",
-        "resources.nproc_per_node=1",
+        "resources.nproc_per_node=1",  # the 2-rank variant overrides these (see RANK_VARIANTS)
         "resources.num_cpus_per_worker=2",
         f"trainer.total_training_steps={args.steps}",
         "trainer.total_epochs=1000",
@@ -192,6 +193,19 @@ def platform_overrides(model_dir: str, data: Path, args: argparse.Namespace, wor
         "trainer.logger=[jsonl]",
         *args.platform_override,
     ]
+
+
+# 2 ranks x 1 thread: 16 of the 32 sequences per rank, so micro-batches of 16.
+RANK_VARIANTS = {
+    "1x2": [],
+    "2x1": [
+        "resources.nproc_per_node=2",
+        "resources.num_cpus_per_worker=1",
+        "actor.ppo_micro_batch_size_per_gpu=16",
+        "actor.log_prob_micro_batch_size_per_gpu=16",
+        "ref.log_prob_micro_batch_size_per_gpu=16",
+    ],
+}
 
 
 def run_platform(preset: str, overrides: list[str], work: Path, run: str, threads: int) -> dict[str, Any]:
@@ -320,6 +334,7 @@ def main() -> None:
     parser.add_argument("--trl-result", type=Path, default=None)
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--tiny-steps", type=int, default=12)
+    parser.add_argument("--variants", default="1x2,2x1", help="ranks x threads per rank to run (best is reported)")
     parser.add_argument("--platform-override", action="append", default=[], help="extra key=value (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write all results as JSON here")
     args = parser.parse_args()
@@ -339,11 +354,20 @@ def main() -> None:
         trl_raw = run_trl(ensure_trl_venv(), model_dir, data, args, work)
     trl = summarize_trl(trl_raw)
     print(f"TRL: {trl}", flush=True)
-    plat_raw = run_platform(
-        "tiny-cpu", platform_overrides(model_dir, data, args, work, "smollm2"), work, "smollm2", threads=2
-    )
-    plat = summarize_platform(plat_raw)
-    print(f"platform: {json.dumps(plat)}", flush=True)
+    variants: dict[str, dict[str, Any]] = {}
+    for name in args.variants.split(","):
+        run = f"smollm2-{name}"
+        overrides = platform_overrides(model_dir, data, args, work, run) + RANK_VARIANTS[name]
+        raw = run_platform("tiny-cpu", overrides, work, run, threads=2)
+        variants[name] = {"raw": raw, "summary": summarize_platform(raw)}
+        print(f"platform {name}: {json.dumps(variants[name]['summary'])}", flush=True)
+    best = min(variants, key=lambda n: variants[n]["summary"]["s_per_step"])
+    plat_raw, plat = variants[best]["raw"], variants[best]["summary"]
+    for name, v in variants.items():
+        print(
+            f"variant {name} (ranks x threads): {v['summary']['s_per_step']:.1f} s/step, "
+            f"{v['summary']['tokens_per_s']:.0f} tokens/s, stages {v['summary']['stages']}"
+        )
     flops = stage_flops(
         model_shapes(model_dir), tokens=plat["tokens_per_step"], response_tokens=plat["response_tokens"], seqs=32
     )
@@ -351,8 +375,8 @@ def main() -> None:
     tiny = None if args.skip_tiny else tiny_overhead(work, args.tiny_steps)
     labels = {
         "trl": f"1 process x 2 threads, HF generate, {'bf16 autocast' if args.trl_bf16 else 'fp32'}",
-        "platform": "1 rank x 2 threads, vLLM, remove padding, fused log-probs, on-policy (no old-log-prob pass)"
-        + (f", {' '.join(args.platform_override)}" if args.platform_override else ", fp32"),
+        "platform": f"{best[0]} rank(s) x {best[2]} thread(s), vLLM, remove padding, fused log-probs, on-policy "
+        "(no old-log-prob pass)" + (f", {' '.join(args.platform_override)}" if args.platform_override else ", fp32"),
     }
     print_report(trl, plat, peak, flops, tiny, labels)
     print(
@@ -365,6 +389,7 @@ def main() -> None:
                 {
                     "trl": trl,
                     "platform": plat,
+                    "variants": {n: v["summary"] for n, v in variants.items()},
                     "peak": peak,
                     "flops": flops,
                     "tiny": tiny,
