@@ -255,6 +255,7 @@ def summarize_platform(result: dict[str, Any]) -> dict[str, Any]:
         "stages": {k.removeprefix("timing_s/"): _median_after_first([s.get(k, 0.0) for s in steps]) for k in stages},
         "reward": [s.get("critic/score/mean", float("nan")) for s in steps],
         "rollout_probs_diff_max": [s.get("training/rollout_probs_diff_max", float("nan")) for s in steps],
+        "torch_threads": steps[-1].get("perf/torch_threads", float("nan")),
     }
 
 

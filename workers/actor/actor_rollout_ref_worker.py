@@ -281,6 +281,7 @@ class ActorRolloutRefWorker(Worker):
         metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
         metrics["timing_s/worker/update_actor"] = seconds
+        metrics["perf/torch_threads"] = float(torch.get_num_threads())  # resources.num_cpus_per_worker took effect
         if self.device.type == "cpu":  # the process's high-water mark (Linux ru_maxrss is KiB)
             metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self.sharding_manager is not None:
