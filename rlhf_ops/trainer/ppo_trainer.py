@@ -7,7 +7,7 @@ Notation: B = sequences of a step (prompts x n), R = response length.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +24,8 @@ from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, com
 from rlhf_ops.trainer.metrics import (
     compute_data_metrics,
     compute_reward_metrics_by_source,
+    compute_rollout_probs_diff,
     compute_throughput_metrics,
-    rollout_probs_diff,
 )
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
@@ -103,11 +103,14 @@ class PPOTrainer:
         logger: MetricLogger,
         tokenizer: Any,
         checkpointer: Any | None = None,
+        eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         self.config, self.plan = config, plan
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
         self.train_loader, self.val_loader = train_loader, val_loader
         self.logger, self.tokenizer, self.checkpointer = logger, tokenizer, checkpointer
+        # Every id that ends a response (rlhf_ops.models.generation.eos_token_ids); default: the tokenizer's.
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
         self.state = TrainerState()
         steps_per_epoch = len(train_loader)
@@ -126,7 +129,7 @@ class PPOTrainer:
             "top_k": r.top_k,
             "do_sample": True,
             "response_length": r.max_new_tokens,
-            "eos_token_id": int(self.tokenizer.eos_token_id),
+            "eos_token_id": list(self.eos_token_ids),
             "pad_token_id": int(self.tokenizer.pad_token_id),
             "recompute_log_prob": False,  # its own stage in step(), and only when needed
         }
@@ -175,9 +178,14 @@ class PPOTrainer:
                 old = self.actor_rollout_ref.compute_log_prob(batch)
             _add_worker_timing(timer, old)
             batch = batch.union(old.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
-            if "rollout_log_probs" in batch.tensors:  # else the update reports it from its first forward
+            # The engine's log-probs against the actor's recompute (skipped pass: the update reports it from
+            # its first forward). Engines report temperature-1 ("raw") log-probs while old_log_probs use the
+            # rollout temperature, so they compare only at temperature 1.
+            if "rollout_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
                 b = batch.tensors
-                metrics.update(rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
+                metrics.update(
+                    compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"])
+                )
         if self.config.needs_ref:
             with timer.stage("ref"):
                 ref = self.actor_rollout_ref.compute_ref_log_prob(batch)
@@ -220,6 +228,7 @@ class PPOTrainer:
             sampling=self.config.rollout.val_kwargs,
             response_length=self.config.rollout.max_new_tokens,
             tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
         )
 
     def fit(self) -> TrainerState:

@@ -33,7 +33,7 @@ from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
-from workers.sp.ulysses import enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
+from workers.sp.ulysses import check_ulysses_heads, enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, all_reduce, dp_world_size, global_counts
 from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
 
@@ -109,6 +109,7 @@ class DataParallelPPOActor:
                     f"actor.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
                     "actor.use_remove_padding=True."
                 )
+            check_ulysses_heads(getattr(module, "config", None), self.sp_size)
             enable_ulysses_attention(module)
         self.loss_scale = self.dp_size * self.sp_size
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
@@ -207,14 +208,16 @@ class DataParallelPPOActor:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
         present = set(data.batch.keys()) if data.batch is not None else set()
+        temperature = float(data.meta_info.get("temperature", 1.0))
         if "old_log_probs" in present or not self.on_policy:
             keys = (*keys, "old_log_probs")
-        elif "rollout_log_probs" in present:  # on-policy: the first forward's log-probs give the rollout diff
+        elif "rollout_log_probs" in present and temperature == 1.0:
+            # On-policy: the first forward's log-probs give the rollout diff (engines report temperature-1
+            # log-probs, so only at temperature 1).
             keys = (*keys, "rollout_log_probs")
             self._diff_max = torch.zeros((), device=self.device)
         _require(data, keys, "update_policy")
         data = data.select(list(keys))
-        temperature = float(data.meta_info.get("temperature", 1.0))
         step_seed = int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
         acc = MetricAccumulator(self.device)
