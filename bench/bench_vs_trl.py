@@ -283,9 +283,9 @@ def tiny_overhead(work: Path, steps: int) -> dict[str, float]:
     rows = result["steps"][1:] or result["steps"]
     overheads, step_s = [], []
     for s in rows:
-        worker = sum(
-            v for k, v in s.items() if k.startswith("timing_s/worker/") and k != "timing_s/worker/update_weights"
-        )
+        # Every second a worker spent computing (generate, weight sync, old log-prob, ref, update): the rest
+        # of the step is the controller's overhead (Ray calls, (de)serialisation, dispatch, driver work).
+        worker = sum(v for k, v in s.items() if k.startswith("timing_s/worker/"))
         overheads.append(s["perf/time_per_step"] - worker)
         step_s.append(s["perf/time_per_step"])
     return {"s_per_step": statistics.median(step_s), "overhead_s": statistics.median(overheads)}
