@@ -74,6 +74,7 @@ def launch_role_groups(
             eos_token_id=eos_token_id,
             seed=config.trainer.seed,
             device=res.device,
+            num_threads=res.threads_per_worker,
         )
         arr = RayWorkerGroup(
             pool,

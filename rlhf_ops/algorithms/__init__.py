@@ -27,7 +27,7 @@ from rlhf_ops.algorithms.kl import (
     apply_kl_penalty,
     kl_penalty,
 )
-from rlhf_ops.algorithms.logits import entropy_from_logits, logprobs_from_logits
+from rlhf_ops.algorithms.logits import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
 from rlhf_ops.algorithms.losses import (
     LOSS_AGG_MODES,
     POLICY_LOSSES,
@@ -65,6 +65,7 @@ __all__ = [
     "entropy_from_logits",
     "is_group_estimator",
     "kl_penalty",
+    "logprobs_and_entropy",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",

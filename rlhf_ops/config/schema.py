@@ -298,7 +298,12 @@ class ResourcesConfig(_Section):
     nnodes: int = Field(1, gt=0)
     nproc_per_node: int = Field(2, gt=0, description="Worker ranks per node (one per GPU on GPU clusters).")
     device: Literal["cpu", "cuda"] = Field("cpu")
-    num_cpus_per_worker: float = Field(0.5, gt=0.0, description="Ray CPU request per rank (fractional on CPU).")
+    num_cpus_per_worker: float = Field(
+        0.5,
+        gt=0.0,
+        description="Ray CPU request per rank (fractional on CPU); its floor (at least 1) is also the rank's "
+        "intra-op threads (torch.set_num_threads, OMP_NUM_THREADS).",
+    )
     gpus_per_worker: float = Field(
         1.0,
         gt=0.0,
@@ -309,6 +314,11 @@ class ResourcesConfig(_Section):
         ),
     )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
+
+    @property
+    def threads_per_worker(self) -> int:
+        """Intra-op threads of each worker process: whole CPUs it requested, at least 1 (0.5 CPU -> 1)."""
+        return max(1, int(self.num_cpus_per_worker))
 
 
 class TrainerConfig(_Section):

@@ -127,3 +127,20 @@ def compute_reward_metrics_by_source(
             arr = np.asarray(values, dtype=np.float64)[idx.numpy()]
             out[f"{prefix}/{source}/{key}/mean"] = float(arr.mean())
     return out
+
+
+ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN = "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean"
+
+
+def rollout_probs_diff_stats(
+    rollout_log_probs: Tensor, actor_log_probs: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Mergeable parts of :func:`compute_rollout_probs_diff`: (max, sum, count) of ``|exp(rollout) - exp(actor)|``
+    over the response tokens, 0-dim fp32 tensors (the on-policy update computes them per micro-batch).
+
+    Micro-batches or ranks merge as the max of maxes and sum / count of the summed sums and counts.
+    """
+    mask = response_mask.bool()
+    diff = (rollout_log_probs.float().exp() - actor_log_probs.detach().float().exp()).abs()[mask]  # (N,)
+    top = diff.max() if diff.numel() else torch.zeros((), device=diff.device)
+    return top, diff.sum(), torch.tensor(float(diff.numel()), device=diff.device)

@@ -1,4 +1,4 @@
-"""The controller loop (verl's dataflow): generate → reward → ref → values → advantages →
+"""The controller loop (verl's dataflow): generate → reward → old_log_prob → ref → values → advantages →
 update_critic → update_actor, one timer per stage, metrics under verl's names.
 
 Notation: B = sequences of a step (prompts x n), R = response length.
@@ -15,8 +15,8 @@ import torch
 from tqdm import tqdm
 
 from rlhf_ops.algorithms import KLController
-from rlhf_ops.config.batch_plan import BatchPlan
-from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
+from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
@@ -70,6 +70,23 @@ def balance_tokens_across_ranks(batch: DataProto, *, dp_size: int) -> tuple[Data
     return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
 
 
+def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
+    """Whether a step needs the actor's separate old-log-prob forward before the update.
+
+    Not when the update is on-policy (one PPO epoch of one mini-batch: every forward runs before the only
+    optimizer step, so the update uses its own detached log-probs, as verl and TRL do), unless the KL
+    penalty in the reward needs them before the update.
+    """
+    on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
+    return algorithm.use_kl_in_reward or not on_policy
+
+
+def _add_worker_timing(timer: StageTimer, out: DataProto) -> None:
+    """``timing_s/worker/<name>``: seconds a worker spent computing (rank 0's), vs the stage's wall time."""
+    for name, seconds in (out.meta_info.get("timing") or {}).items():
+        timer.add(f"worker/{name}", float(seconds))
+
+
 class PPOTrainer:
     """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
 
@@ -101,6 +118,7 @@ class PPOTrainer:
         if config.trainer.total_training_steps is not None:
             total = min(total, config.trainer.total_training_steps)
         self.total_steps = total
+        self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
 
     # ---- stages -------------------------------------------------------------------------------
     def _sampling_meta(self) -> dict[str, Any]:
@@ -113,7 +131,7 @@ class PPOTrainer:
             "response_length": r.max_new_tokens,
             "eos_token_id": list(self.eos_token_ids),
             "pad_token_id": int(self.tokenizer.pad_token_id),
-            "recompute_log_prob": True,
+            "recompute_log_prob": False,  # its own stage in step(), and only when needed
         }
 
     def generate(self, prompts: DataProto, timer: StageTimer) -> DataProto:
@@ -125,8 +143,7 @@ class PPOTrainer:
         repeated = prompts.repeat(self.config.rollout.n, interleave=True)
         with timer.stage("gen"):
             out = self.actor_rollout_ref.generate_sequences(repeated)
-        for name, seconds in (out.meta_info.get("timing") or {}).items():
-            timer.add(f"worker/{name}", float(seconds))
+        _add_worker_timing(timer, out)
         batch = merge_generation(repeated, out, keys=_GEN_KEYS)
         if self.config.algorithm.adv_estimator == "remax":
             batch.tensors["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
@@ -136,7 +153,7 @@ class PPOTrainer:
         greedy = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         greedy.non_tensor_batch = dict(prompts.non_tensor_batch)
         greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
-        out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS[:-1])
+        out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS)
         self.reward(out)
         return out.tensors["token_level_scores"].sum(-1)
 
@@ -145,11 +162,6 @@ class PPOTrainer:
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer)
-        # The engine's log-probs against the actor's recompute; engines report temperature-1 ("raw")
-        # log-probs while old_log_probs use the rollout temperature, so they compare only at temperature 1.
-        if "old_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
-            b = batch.tensors
-            metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
             metrics["perf/dp_token_imbalance"] = imbalance
@@ -161,11 +173,24 @@ class PPOTrainer:
                 scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra
             )
         )
+        if self.needs_old_log_prob:
+            with timer.stage("old_log_prob"):
+                old = self.actor_rollout_ref.compute_log_prob(batch)
+            _add_worker_timing(timer, old)
+            batch = batch.union(old.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
+            # The engine's log-probs against the actor's recompute (skipped pass: the update reports it from
+            # its first forward). Engines report temperature-1 ("raw") log-probs while old_log_probs use the
+            # rollout temperature, so they compare only at temperature 1.
+            if "rollout_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
+                b = batch.tensors
+                metrics.update(
+                    compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"])
+                )
         if self.config.needs_ref:
             with timer.stage("ref"):
-                batch = batch.union(
-                    self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"])
-                )
+                ref = self.actor_rollout_ref.compute_ref_log_prob(batch)
+            _add_worker_timing(timer, ref)
+            batch = batch.union(ref.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
         if self.critic is not None:
             with timer.stage("values"):
                 batch = batch.union(self.critic.compute_values(batch).select(batch_keys=["values"]))
@@ -273,6 +298,5 @@ _GEN_KEYS = [
     "position_ids",
     "response_mask",
     "rollout_log_probs",
-    "old_log_probs",
 ]
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

@@ -8,6 +8,7 @@ with the role name if it is missing (no boolean flags branching through the clas
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,6 +62,8 @@ class ActorRolloutRefSpec:
     eos_token_id: int | tuple[int, ...]  # every id that ends a response (rlhf_ops.models.generation)
     seed: int
     device: str
+    num_threads: int = 1
+    """Intra-op threads (``resources.threads_per_worker``); set before the vLLM engine disables set_num_threads."""
 
 
 class ActorRolloutRefWorker(Worker):
@@ -85,6 +88,8 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Builds the FSDP2 models (meta-device init, weights broadcast from rank 0), optimizer, engine."""
         spec = self.spec
+        # First: building a vLLM CPU engine replaces torch.set_num_threads with a no-op for the process.
+        torch.set_num_threads(spec.num_threads)
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
         self.mesh = build_device_mesh(
@@ -224,7 +229,11 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Rollout, then (for training batches) the actor's teacher-forced ``old_log_probs``."""
+        """Rollout; with ``meta_info['recompute_log_prob']`` also the actor's teacher-forced ``old_log_probs``.
+
+        The trainer asks for them in their own stage instead (:meth:`compute_log_prob`, skipped when the
+        update is on-policy); the flag stays for callers that want both in one round trip.
+        """
         self._need("rollout", "generate_sequences")
         assert self.rollout is not None
         if self.sharding_manager is not None:
@@ -247,6 +256,16 @@ class ActorRolloutRefWorker(Worker):
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (B, R): the actor's log-probs of the responses at ``meta_info['temperature']``."""
+        self._need("actor", "compute_log_prob")
+        assert self.actor is not None
+        start = time.perf_counter()
+        old, _ = self.actor.compute_log_prob(data.to(self.device), temperature=data.meta_info.get("temperature", 1.0))
+        timing = {"old_log_prob": time.perf_counter() - start}
+        return DataProto.from_dict({"old_log_probs": old.cpu()}, meta_info={"timing": timing})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) under the frozen reference policy."""
         self._need("ref", "compute_ref_log_prob")
@@ -257,11 +276,13 @@ class ActorRolloutRefWorker(Worker):
                 "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,
             }
         )
+        start = time.perf_counter()
         with self._reference_forward():
             log_prob, _ = self.ref.compute_log_prob(
                 data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
             )
-        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()})
+        timing = {"ref": time.perf_counter() - start}
+        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
@@ -276,6 +297,10 @@ class ActorRolloutRefWorker(Worker):
         tokens = self.actor.last_update_tokens
         metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
+        metrics["timing_s/worker/update_actor"] = seconds
+        metrics["perf/torch_threads"] = float(torch.get_num_threads())  # resources.num_cpus_per_worker took effect
+        if self.device.type == "cpu":  # the process's high-water mark (Linux ru_maxrss is KiB)
+            metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self.sharding_manager is not None:
             self.sharding_manager.mark_dirty()
         return DataProto(meta_info={"metrics": metrics})

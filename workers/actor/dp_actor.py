@@ -30,16 +30,17 @@ from rlhf_ops.algorithms import POLICY_LOSSES, agg_loss, kl_penalty
 from rlhf_ops.config.batch_plan import PPOPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
 from workers.sp.ulysses import check_ulysses_heads, enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
+from workers.utils.dist import MetricAccumulator, all_reduce, dp_world_size, global_counts
 from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
 
 __all__ = ["DataParallelPPOActor"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-_UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages")
+_UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "advantages")
 
 
 def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:
@@ -118,6 +119,10 @@ class DataParallelPPOActor:
         self._num_updates = 0
         self.last_update_tokens = 0
         """Valid tokens (attention mask) forwarded and backwarded by the last :meth:`update_policy` on this rank."""
+        self.on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
+        """One epoch of one mini-batch: every forward of the update runs before its only optimizer step, so the
+        update's own log-probs (detached) are the old log-probs and no separate old-log-prob pass is needed."""
+        self._diff_max: Tensor | None = None
 
     # ------------------------------------------------------------------------------------------- forward
     def _forward(
@@ -183,7 +188,10 @@ class DataParallelPPOActor:
         Args:
             data: This rank's share: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T), ``responses``,
                 ``response_mask``, ``old_log_probs``, ``advantages`` (B, R), and ``ref_log_prob`` (B, R) when
-                ``algorithm.use_kl_loss``. ``meta_info['temperature']`` (default 1.0) must be the temperature
+                ``algorithm.use_kl_loss``. ``old_log_probs`` may be absent when :attr:`on_policy`: then the
+                update's own detached log-probs stand in for them (verl, TRL), and with ``rollout_log_probs``
+                present the returned metrics add ``training/rollout_probs_diff_{max,mean}`` of those
+                pre-step log-probs. ``meta_info['temperature']`` (default 1.0) must be the temperature
                 the old log-probs were computed with.
 
         Returns:
@@ -199,9 +207,17 @@ class DataParallelPPOActor:
         if self.optimizer is None:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
+        present = set(data.batch.keys()) if data.batch is not None else set()
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        if "old_log_probs" in present or not self.on_policy:
+            keys = (*keys, "old_log_probs")
+        elif "rollout_log_probs" in present and temperature == 1.0:
+            # On-policy: the first forward's log-probs give the rollout diff (engines report temperature-1
+            # log-probs, so only at temperature 1).
+            keys = (*keys, "rollout_log_probs")
+            self._diff_max = torch.zeros((), device=self.device)
         _require(data, keys, "update_policy")
         data = data.select(list(keys))
-        temperature = float(data.meta_info.get("temperature", 1.0))
         step_seed = int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
         acc = MetricAccumulator(self.device)
@@ -220,7 +236,11 @@ class DataParallelPPOActor:
                     tokens += self._update_mini_batch(mini, acc, temperature=temperature)
         self._num_updates += 1
         self.last_update_tokens = tokens // self.sp_size  # each SP rank forwards 1/sp of the tokens
-        return acc.reduce(group=self.dp_group)
+        metrics = acc.reduce(group=self.dp_group)
+        if self._diff_max is not None:
+            metrics[ROLLOUT_DIFF_MAX] = all_reduce(self._diff_max, op=dist.ReduceOp.MAX, group=self.dp_group).item()
+            self._diff_max = None
+        return metrics
 
     def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator, *, temperature: float) -> int:
         """Accumulates the gradient of one mini-batch and steps; returns the valid tokens it forwarded."""
@@ -259,8 +279,18 @@ class DataParallelPPOActor:
             micro, temperature=temperature, calculate_entropy=True, entropy_requires_grad=use_entropy
         )
         assert entropy is not None
+        if "old_log_probs" in batch.keys():
+            old_log_prob = batch["old_log_probs"].to(self.device)
+        else:  # on-policy (see self.on_policy): ratio 1 in value, gradient adv * d log_prob, as verl and TRL
+            old_log_prob = log_prob.detach()
+            if self._diff_max is not None:
+                top, total, count = rollout_probs_diff_stats(
+                    batch["rollout_log_probs"].to(self.device), log_prob, mask
+                )
+                self._diff_max = torch.maximum(self._diff_max, top)
+                acc.add_mean(ROLLOUT_DIFF_MEAN, total / count.clamp(min=1), count)
         pg_loss, pg_metrics = self._policy_loss(
-            batch["old_log_probs"].to(self.device),
+            old_log_prob,
             log_prob,
             batch["advantages"].to(self.device),
             mask,
