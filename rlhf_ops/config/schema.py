@@ -117,7 +117,9 @@ class AlgorithmConfig(_Section):
         description="Token-level PPO clip (vanilla), GSPO, Clip-Cov / KL-Cov (entropy-preserving), or CISPO "
         "(clipped, detached importance weight).",
     )
-    clip_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0, description="Clip-Cov: share of tokens whose loss is dropped.")
+    clip_cov_ratio: float = Field(
+        0.0002, gt=0.0, le=1.0, description="Clip-Cov: share of tokens whose loss is dropped."
+    )
     clip_cov_lb: float = Field(1.0, description="Clip-Cov: lower covariance bound of the candidate tokens.")
     clip_cov_ub: float = Field(5.0, description="Clip-Cov: upper covariance bound of the candidate tokens.")
     kl_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0, description="KL-Cov: share of tokens given the KL penalty.")
@@ -194,7 +196,9 @@ class FSDPConfig(_Section):
         "ranks and replicates across the world / k groups (HSDP). Exclusive with hsdp_replicate_size.",
     )
     forward_prefetch: int = Field(
-        0, ge=0, description="Explicit forward prefetch: all-gather the next N blocks' params during a block's forward."
+        0,
+        ge=0,
+        description="Explicit forward prefetch: all-gather the next N blocks' params during a block's forward.",
     )
     backward_prefetch: int = Field(
         1,

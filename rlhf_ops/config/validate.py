@@ -162,7 +162,7 @@ def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list
                     f"{section}.fsdp.fsdp_size",
                     f"both fsdp_size={fsdp.fsdp_size} and hsdp_replicate_size={fsdp.hsdp_replicate_size} set the "
                     "same mesh",
-                    f"set one of them: fsdp_size (shard-group size) or hsdp_replicate_size (replica groups)",
+                    "set one of them: fsdp_size (shard-group size) or hsdp_replicate_size (replica groups)",
                 )
             )
     policy = fsdp.wrap_policy

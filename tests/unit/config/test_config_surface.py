@@ -66,7 +66,9 @@ def test_kl_early_stop_that_can_never_fire_is_refused() -> None:
 
 
 def test_dynamic_sampling_needs_groups() -> None:
-    problems = _problems(["algorithm.filter_groups.enable=true", "rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"])
+    problems = _problems(
+        ["algorithm.filter_groups.enable=true", "rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"]
+    )
     assert "groups of one" in problems["algorithm.filter_groups.enable"]
 
 
