@@ -198,13 +198,14 @@ class FSDPConfig(_Section):
     forward_prefetch: int = Field(
         0,
         ge=0,
-        description="Explicit forward prefetch: all-gather the next N blocks' params during a block's forward.",
+        description="0: FSDP2's implicit forward prefetch; N >= 1: each block explicitly prefetches the next N "
+        "blocks' all-gathers (issued earlier from the CPU; N >= 2 overlaps more and holds more memory).",
     )
     backward_prefetch: int = Field(
         1,
-        ge=0,
-        description="Backward prefetch depth: 1 is FSDP2's implicit one-block prefetch; N > 1 sets N explicitly; 0 "
-        "disables it (lowest memory).",
+        ge=1,
+        description="Backward prefetch depth: 1 is FSDP2's default (the previous block's all-gather is issued "
+        "early); N > 1 prefetches the previous N blocks explicitly (more overlap, more memory).",
     )
     wrap_policy: FSDPWrapPolicyConfig = Field(default_factory=FSDPWrapPolicyConfig)
 

@@ -86,8 +86,11 @@ class ActorRolloutRefWorker(Worker):
         spec = self.spec
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        # The plan's replicate size: from fsdp.fsdp_size (shard-group size) or fsdp.hsdp_replicate_size.
         self.mesh = build_device_mesh(
-            self.world_size, replicate_size=spec.actor.fsdp.hsdp_replicate_size, device_type=self.device.type
+            self.world_size,
+            replicate_size=spec.plan.actor.mesh.replicate_size,
+            device_type=self.device.type,
         )
         # Ulysses: FSDP still shards over every rank; the (dp, sp) groups split the batch and the sequences.
         sp_size = spec.plan.actor.mesh.sp_size

@@ -48,8 +48,11 @@ class CriticWorker(Worker):
         spec = self.spec
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        # The plan's replicate size: from fsdp.fsdp_size (shard-group size) or fsdp.hsdp_replicate_size.
         mesh = build_device_mesh(
-            self.world_size, replicate_size=spec.critic.fsdp.hsdp_replicate_size, device_type=self.device.type
+            self.world_size,
+            replicate_size=spec.plan.mesh.replicate_size,
+            device_type=self.device.type,
         )
         sp_size = spec.plan.mesh.sp_size  # Ulysses: FSDP shards over every rank; (dp, sp) groups split the work
         dp_group, sp_group = sp_process_groups(self.world_size, sp_size=sp_size, device_type=self.device.type)
