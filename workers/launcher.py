@@ -6,6 +6,7 @@ processes sharing the bundle's CPUs/GPU by a fractional request.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ def launch_role_groups(
         name_prefix=config.trainer.experiment_name,
     )
     share = 1.0 / n_roles
+    # Absolute on the driver: Ray workers may run in another working directory (multi-node: a shared FS).
+    profiling: dict[str, Any] = {
+        "profile_steps": tuple(config.trainer.profile_steps),
+        "profile_dir": os.path.abspath(config.trainer.profile_dir),
+    }
     backend = "nccl" if res.device == "cuda" else "gloo"
     groups: list[RayWorkerGroup[Any]] = []
     try:
@@ -72,6 +78,7 @@ def launch_role_groups(
             eos_token_id=eos_token_id,
             seed=config.trainer.seed,
             device=res.device,
+            **profiling,
         )
         arr = RayWorkerGroup(
             pool,
@@ -94,6 +101,7 @@ def launch_role_groups(
                 total_training_steps=total_training_steps,
                 seed=config.trainer.seed,
                 device=res.device,
+                **profiling,
             )
             critic_group = RayWorkerGroup(
                 pool,

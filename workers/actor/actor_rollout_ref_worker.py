@@ -31,7 +31,8 @@ from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
 from workers.sp.ulysses import broadcast_from_group_leader
-from workers.utils.perf import memory_metrics, mfu, num_parameters
+from workers.utils.perf import flops_model, memory_metrics, mfu
+from workers.utils.profiling import StageMonitor, monitored
 
 Role = Literal["actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref"]
 ROLE_PARTS: dict[str, frozenset[str]] = {
@@ -60,6 +61,8 @@ class ActorRolloutRefSpec:
     eos_token_id: int
     seed: int
     device: str
+    profile_steps: tuple[int, ...] = ()  # trainer.profile_steps
+    profile_dir: str = ""  # absolute trainer.profile_dir
 
 
 class ActorRolloutRefWorker(Worker):
@@ -86,6 +89,13 @@ class ActorRolloutRefWorker(Worker):
         spec = self.spec
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        self.monitor = StageMonitor(
+            role="actor",
+            rank=self.rank,
+            device=self.device,
+            profile_steps=spec.profile_steps,
+            profile_dir=spec.profile_dir,
+        )
         # The plan's replicate size: from fsdp.fsdp_size (shard-group size) or fsdp.hsdp_replicate_size.
         self.mesh = build_device_mesh(
             self.world_size,
@@ -126,7 +136,7 @@ class ActorRolloutRefWorker(Worker):
                 device=self.device,
                 seed=spec.seed,
             )
-            self.num_params = num_parameters(module)
+            self.flops = flops_model(module)  # MFU from the architecture (LoRA: frozen base, trained adapters)
         if "rollout" in self.parts:
             self.rollout = self._build_rollout()
         if "ref" in self.parts:
@@ -209,6 +219,7 @@ class ActorRolloutRefWorker(Worker):
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Rollout, then (for training batches) the actor's teacher-forced ``old_log_probs``."""
         self._need("rollout", "generate_sequences")
@@ -233,6 +244,7 @@ class ActorRolloutRefWorker(Worker):
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("ref")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) under the frozen reference policy."""
         self._need("ref", "compute_ref_log_prob")
@@ -250,6 +262,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": log_prob.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("update_actor", report=True)
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update; returns ``actor/*`` and ``perf/*`` metrics in ``meta_info``."""
         self._need("actor", "update_actor")
@@ -259,8 +272,8 @@ class ActorRolloutRefWorker(Worker):
         with optimizer_offload(self.actor.optimizer, enabled=self.spec.actor.fsdp.optimizer_offload):
             metrics = self.actor.update_policy(data.to(self.device))
         seconds = time.perf_counter() - start
-        tokens = self.actor.last_update_tokens
-        metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
+        flops = self.flops.train_flops(self.actor.last_update_seq_lens) / self.actor.sp_size  # SP: 1/sp each
+        metrics["perf/mfu/actor"] = mfu(flops=flops, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
         if self.sharding_manager is not None:
             self.sharding_manager.mark_dirty()

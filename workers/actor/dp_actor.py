@@ -138,6 +138,8 @@ class DataParallelPPOActor:
         self._num_updates = 0
         self.last_update_tokens = 0
         """Valid tokens (attention mask) forwarded and backwarded by the last :meth:`update_policy` on this rank."""
+        self.last_update_seq_lens: list[int] = []
+        """Valid length of every sequence the last update trained on (once per epoch), for the FLOP count."""
 
     # ------------------------------------------------------------------------------------------- forward
     def _forward(
@@ -233,6 +235,7 @@ class DataParallelPPOActor:
         self.module.train()
         acc = MetricAccumulator(self.device)
         tokens, trained, planned, stopped = 0, 0, 0, False
+        self.last_update_seq_lens = []
         # Open across backward too: activation checkpointing recomputes the Ulysses attention there.
         with ulysses_sequence_parallel(self.sp_group):
             for epoch in range(self.plan.ppo_epochs):
@@ -246,6 +249,7 @@ class DataParallelPPOActor:
                 planned = len(minis) * self.plan.ppo_epochs
                 for mini in minis:
                     step_tokens, stopped = self._update_mini_batch(mini, acc, temperature=temperature)
+                    self.last_update_seq_lens += mini.batch["attention_mask"].sum(-1).tolist()  # type: ignore[index]
                     tokens += step_tokens
                     if stopped:
                         break
