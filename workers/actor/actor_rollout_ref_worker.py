@@ -115,6 +115,7 @@ class ActorRolloutRefWorker(Worker):
             "dtype": spec.model.dtype,
             "attn_implementation": spec.model.attn_implementation,
             "trust_remote_code": spec.model.trust_remote_code,
+            "use_liger": spec.model.use_liger,
         }
         # LoRA: the actor is base + adapters; the reference policy is that module with adapters disabled.
         lora = spec.model.lora if "actor" in self.parts and spec.model.lora.rank > 0 else None

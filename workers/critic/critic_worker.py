@@ -77,6 +77,7 @@ class CriticWorker(Worker):
             dtype=spec.model.dtype,
             attn_implementation=spec.model.attn_implementation,
             trust_remote_code=spec.model.trust_remote_code,
+            use_liger=spec.model.use_liger,
         )
         optimizer = build_optimizer(module, spec.critic.optim)
         steps = max(1, spec.total_training_steps * spec.plan.num_mini_batches * spec.plan.ppo_epochs)

@@ -226,13 +226,15 @@ def build_fsdp_model(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     lora: LoraConfig | None = None,
+    use_liger: bool = False,
 ) -> nn.Module:
     """Rank 0 loads ``path``, the others build on ``meta``; FSDP2 is applied and rank 0's weights broadcast.
 
     Collective over the default process group. See :func:`workers.fsdp.model.load_hf_model` for ``kind``.
     With ``lora`` of rank > 0 the model is wrapped with PEFT LoRA adapters before FSDP2
     (:func:`workers.fsdp.lora.apply_lora`): only the adapters train, and rank 0's adapter init is broadcast
-    with the base weights.
+    with the base weights. ``use_liger`` patches the HF model with liger-kernel's fused kernels first
+    (:func:`workers.utils.liger.apply_liger`, CUDA only).
     """
     rank = dist.get_rank()
     hf_model = load_hf_model(
@@ -243,6 +245,10 @@ def build_fsdp_model(
         meta=rank != 0,
         trust_remote_code=trust_remote_code,
     )
+    if use_liger:
+        from workers.utils.liger import apply_liger
+
+        apply_liger(hf_model, device=device)
     model: nn.Module = apply_lora(hf_model, lora) if lora is not None and lora.rank > 0 else hf_model
     # The dict holds the original tensors: fully_shard copies them into new shards, these stay valid.
     full = model.state_dict() if rank == 0 else None
