@@ -120,3 +120,17 @@ def test_monitored_methods_report_every_stage_with_the_last_one(tmp_path: Path) 
     assert metrics["critic/vf_loss"] == 0.5
     assert {"memory/critic/values/peak_rss_gb", "memory/critic/update_critic/peak_rss_gb"} <= set(metrics)
     assert np.isfinite(metrics["memory/critic/values/peak_rss_gb"])
+
+
+def test_smollm2_flops_by_hand() -> None:
+    # SmolLM2-135M: 30 layers, hidden 576, 9 query heads of 64, 3 kv heads (GQA), intermediate 1536, vocab
+    # 49152, tied head. Per layer q 576x576 = 331776, k and v 576x192 = 110592 each, o 331776 -> 884736;
+    # mlp 3 x 576 x 1536 = 2654208 -> 3538944; x 30 = 106168320; + head 576 x 49152 = 28311552 -> 134479872.
+    from tests.support.real_model import smollm2_path
+
+    model = load_hf_model(smollm2_path(), kind="causal_lm", meta=True)  # shapes only, no weights read
+    fm = flops_model(model)
+    assert fm.trained_linear_params == 134_479_872
+    assert (fm.num_layers, fm.num_heads, fm.head_dim) == (30, 9, 64)
+    # One sequence of 100 tokens: weights 2 x 134479872 x 100; attention 4 x 30 x 9 x 64 x (100 x 101 / 2).
+    assert fm.forward_flops([100]) == 2 * 134_479_872 * 100 + 4 * 30 * 9 * 64 * 5050
