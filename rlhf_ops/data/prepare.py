@@ -3,9 +3,13 @@
 Output of one run, under ``<out_url>/<run_id>/``::
 
     train.parquet, val.parquet  prompt (str or [{role, content}]), ground_truth, data_source, extra_info (JSON
-                                str), prompt_num_tokens (int64)
+                                str), ability, reward_model ({ground_truth, style}), prompt_num_tokens (int64)
     rejected.jsonl              {"row_index", "source", "kind", "reason", "row" (truncated repr)} per rejected row
     manifest.json               written last (no manifest, no prepared data): spec, counts, reasons, sha256s
+
+verl's Parquet layout is read as is (``prompt`` as chat messages, ``reward_model.ground_truth``,
+``data_source``, ``extra_info``, ``ability``) and written back in both layouts: ``ground_truth`` at the top
+for our trainer, ``reward_model: {ground_truth, style}`` and ``ability`` for verl's readers.
 
 ``prompt_num_tokens`` comes from the trainer's own :func:`rlhf_ops.data.dataset.encode_prompt`, so the
 trainer never drops an accepted prompt. The split hashes ``seed`` and the raw prompt (before template and system
@@ -46,7 +50,7 @@ from rlhf_ops.storage.stores import redact_url as _redact
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("prompt", "ground_truth", "data_source", "extra_info")
+FIELDS = ("prompt", "ground_truth", "data_source", "extra_info", "ability")
 TRAIN_FILE, VAL_FILE, REJECTED_FILE, MANIFEST_FILE = "train.parquet", "val.parquet", "rejected.jsonl", "manifest.json"
 _URLS = {"train_url": TRAIN_FILE, "val_url": VAL_FILE, "rejected_url": REJECTED_FILE, "manifest_url": MANIFEST_FILE}
 BUILTIN_TOY_ROWS = 512  # rows of a builtin toy source without ``limit`` (DataConfig.toy_rows' default)
@@ -139,7 +143,7 @@ class _Candidate:
     split: str | None  # "val" for val_source rows; None: the hash decides
     split_key: str  # the raw prompt as text
     prompt: Prompt
-    columns: dict[str, str]  # ground_truth, data_source, extra_info
+    columns: dict[str, Any]  # ground_truth, data_source, extra_info, ability, reward_model
 
 
 def _open_fs(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -272,10 +276,16 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
     prompt = _format_prompt(value, spec)
     verl = "ground_truth" not in spec.field_map and "ground_truth" not in row  # verl nests it in reward_model
     gt_path = _VERL_GROUND_TRUTH if verl else fields["ground_truth"]
-    columns = {
+    columns: dict[str, Any] = {
         "ground_truth": _scalar(row, gt_path, "ground_truth", ""),
         "data_source": _scalar(row, fields["data_source"], "data_source", default_source),
         "extra_info": _extra_info(row, fields["extra_info"]),
+        "ability": _scalar(row, fields["ability"], "ability", ""),
+    }
+    # verl's reward_model column, kept so verl reads the output too; "rule": scored by a rule function.
+    columns["reward_model"] = {
+        "ground_truth": columns["ground_truth"],
+        "style": _scalar(row, "reward_model.style", "reward_model.style", "rule"),
     }
     return _Candidate(raw, split, key, prompt, columns)
 
@@ -366,7 +376,9 @@ def _check_quality(spec: PrepareSpec, rejected: list[Row], num_read: int, num_tr
 def _parquet_bytes(rows: list[Row], *, as_chat: bool) -> bytes:
     message = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     columns = [("prompt", message if as_chat else pa.string())]
-    columns += [(name, pa.string()) for name in FIELDS[1:]] + [("prompt_num_tokens", pa.int64())]
+    columns += [(name, pa.string()) for name in FIELDS[1:]]
+    columns += [("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())]))]
+    columns += [("prompt_num_tokens", pa.int64())]
     sink = pa.BufferOutputStream()
     pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema(columns)), sink)  # no pandas metadata, no time
     return bytes(sink.getvalue().to_pybytes())
