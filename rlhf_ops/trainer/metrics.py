@@ -103,13 +103,29 @@ def compute_rollout_probs_diff(
 
 
 def reduce_worker_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Mean over ranks of each metric (workers already reduced over their micro-batches)."""
+    """Mean over ranks of each metric (workers already reduced over their micro-batches); ``memory/*`` peaks
+    take the maximum over ranks (the rank that runs out of memory first is the one that matters)."""
     keys = sorted({k for m in per_rank for k in m})
     out: dict[str, float] = {}
     for key in keys:
         values = [float(m[key]) for m in per_rank if key in m]
-        out[key] = float(np.mean(values))
+        out[key] = float(np.max(values)) if key.startswith("memory/") else float(np.mean(values))
     return out
+
+
+def log_profile_traces(logger: Any, profile_dir: str, *, step: int) -> list[str]:
+    """Logs every trace the workers wrote for ``step`` (``<profile_dir>/step_<step>/*.json``) as an artifact
+    ``profiles/step_<step>/<file>``; returns the artifact paths. The folder must be readable from the driver
+    (a single node, or a shared file system as for checkpoints)."""
+    from pathlib import Path
+
+    folder = Path(profile_dir) / f"step_{step}"
+    logged = []
+    for trace in sorted(folder.glob("*.json")):
+        artifact = f"profiles/step_{step}/{trace.name}"
+        logger.log_text(trace.read_text(encoding="utf-8"), artifact)
+        logged.append(artifact)
+    return logged
 
 
 def compute_reward_metrics_by_source(

@@ -6,6 +6,7 @@ Notation: B = sequences of a step (prompts x n), R = response length.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,11 +22,13 @@ from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
+from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
 from rlhf_ops.trainer.metrics import (
     compute_data_metrics,
     compute_reward_metrics_by_source,
     compute_rollout_probs_diff,
     compute_throughput_metrics,
+    log_profile_traces,
 )
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
@@ -173,6 +176,8 @@ class PPOTrainer:
                 scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra
             )
         )
+        if self.config.algorithm.filter_groups.enable:  # DAPO: refill zero-variance groups from the next prompts
+            batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics)
         if self.needs_old_log_prob:
             with timer.stage("old_log_prob"):
                 old = self.actor_rollout_ref.compute_log_prob(batch)
@@ -217,6 +222,36 @@ class PPOTrainer:
         )
         return metrics
 
+    def _dynamic_sampling(self, first: ScoredBatch, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
+        """The step's batch of informative groups (rlhf_ops.trainer.dynamic_sampling); ``train/<source>/*``
+        reward metrics stay those of the step's own prompts (an unbiased sample of the policy)."""
+        step = first.batch.meta_info.get("global_steps")
+
+        def next_round() -> ScoredBatch:
+            prompts = self.train_loader.next_batch()
+            if step is not None:
+                prompts.meta_info["global_steps"] = step
+            batch = self.generate(prompts, timer)
+            with timer.stage("reward"):
+                extra = self.reward(batch)
+            return ScoredBatch(batch, extra)
+
+        cfg = self.config.algorithm.filter_groups
+        batch, ds_metrics = fill_dynamic_batch(
+            first,
+            next_round,
+            num_groups=self.config.data.train_batch_size,
+            metric=cfg.metric,
+            max_rounds=cfg.max_num_gen_batches,
+            pad_token_id=int(self.tokenizer.pad_token_id),
+        )
+        metrics.update(ds_metrics)
+        if self.config.trainer.balance_batch:  # the rows changed: balance them again
+            batch, metrics["perf/dp_token_imbalance"] = balance_tokens_across_ranks(
+                batch, dp_size=self.plan.actor.mesh.dp_size
+            )
+        return batch
+
     # ---- loop ---------------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         if self.val_loader is None:
@@ -253,6 +288,8 @@ class PPOTrainer:
                 metrics.update(self.validate())
             self.state.history.append({k: metrics[k] for k in _HISTORY_KEYS if k in metrics})
             self.logger.log_metrics(metrics, step=step)
+            if step in cfg.profile_steps:  # the workers traced this step: attach their files to the run
+                log_profile_traces(self.logger, os.path.abspath(cfg.profile_dir), step=step)
             bar.set_postfix(reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
             bar.update(1)
             is_last = step == self.total_steps

@@ -33,7 +33,8 @@ from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
 from workers.sp.ulysses import broadcast_from_group_leader
-from workers.utils.perf import memory_metrics, mfu, num_parameters
+from workers.utils.perf import flops_model, memory_metrics, mfu
+from workers.utils.profiling import StageMonitor, monitored
 
 Role = Literal["actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref"]
 ROLE_PARTS: dict[str, frozenset[str]] = {
@@ -64,6 +65,8 @@ class ActorRolloutRefSpec:
     device: str
     num_threads: int = 1
     """Intra-op threads (``resources.threads_per_worker``); set before the vLLM engine disables set_num_threads."""
+    profile_steps: tuple[int, ...] = ()  # trainer.profile_steps
+    profile_dir: str = ""  # absolute trainer.profile_dir
 
 
 class ActorRolloutRefWorker(Worker):
@@ -92,8 +95,18 @@ class ActorRolloutRefWorker(Worker):
         torch.set_num_threads(spec.num_threads)
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        self.monitor = StageMonitor(
+            role="actor",
+            rank=self.rank,
+            device=self.device,
+            profile_steps=spec.profile_steps,
+            profile_dir=spec.profile_dir,
+        )
+        # The plan's replicate size: from fsdp.fsdp_size (shard-group size) or fsdp.hsdp_replicate_size.
         self.mesh = build_device_mesh(
-            self.world_size, replicate_size=spec.actor.fsdp.hsdp_replicate_size, device_type=self.device.type
+            self.world_size,
+            replicate_size=spec.plan.actor.mesh.replicate_size,
+            device_type=self.device.type,
         )
         # Ulysses: FSDP still shards over every rank; the (dp, sp) groups split the batch and the sequences.
         sp_size = spec.plan.actor.mesh.sp_size
@@ -107,6 +120,7 @@ class ActorRolloutRefWorker(Worker):
             "device": self.device,
             "attn_implementation": spec.model.attn_implementation,
             "trust_remote_code": spec.model.trust_remote_code,
+            "use_liger": spec.model.use_liger,
         }
         # LoRA: the actor is base + adapters; the reference policy is that module with adapters disabled.
         lora = spec.model.lora if "actor" in self.parts and spec.model.lora.rank > 0 else None
@@ -134,7 +148,7 @@ class ActorRolloutRefWorker(Worker):
                 device=self.device,
                 seed=spec.seed,
             )
-            self.num_params = num_parameters(module)
+            self.flops = flops_model(module)  # MFU from the architecture (LoRA: frozen base, trained adapters)
         if "rollout" in self.parts:
             self.rollout = self._build_rollout()
         if "ref" in self.parts:
@@ -228,6 +242,7 @@ class ActorRolloutRefWorker(Worker):
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Rollout; with ``meta_info['recompute_log_prob']`` also the actor's teacher-forced ``old_log_probs``.
 
@@ -256,6 +271,7 @@ class ActorRolloutRefWorker(Worker):
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("old_log_prob")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (B, R): the actor's log-probs of the responses at ``meta_info['temperature']``."""
         self._need("actor", "compute_log_prob")
@@ -266,6 +282,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"old_log_probs": old.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("ref")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) under the frozen reference policy."""
         self._need("ref", "compute_ref_log_prob")
@@ -285,6 +302,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": log_prob.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("update_actor", report=True)
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update; returns ``actor/*`` and ``perf/*`` metrics in ``meta_info``."""
         self._need("actor", "update_actor")
@@ -294,8 +312,8 @@ class ActorRolloutRefWorker(Worker):
         with optimizer_offload(self.actor.optimizer, enabled=self.spec.actor.fsdp.optimizer_offload):
             metrics = self.actor.update_policy(data.to(self.device))
         seconds = time.perf_counter() - start
-        tokens = self.actor.last_update_tokens
-        metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
+        flops = self.flops.train_flops(self.actor.last_update_seq_lens) / self.actor.sp_size  # SP: 1/sp each
+        metrics["perf/mfu/actor"] = mfu(flops=flops, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
         metrics["timing_s/worker/update_actor"] = seconds
         metrics["perf/torch_threads"] = float(torch.get_num_threads())  # resources.num_cpus_per_worker took effect
