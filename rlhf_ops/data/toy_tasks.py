@@ -13,6 +13,9 @@ Tasks:
         "answer with a digit", the right digit rises above chance more slowly.
     ``add_digits`` (``data_source="toy/add_digits"``): prompt ``"2+5="`` → answer ``"7"`` (a, b in 0..9,
         so answers have one or two digits). Exact answers suit accuracy and pass@k evaluation.
+    ``color_name`` (``data_source="toy/color_name"``, vision-language): a 16 x 16 solid-colour PNG in the
+        row's ``images`` and the prompt ``"<image>colour?"`` → the colour word (``red``, ``green``, ``blue``,
+        ``yellow``; :mod:`rlhf_ops.data.images`). Only the image tells the colours apart.
 """
 
 from __future__ import annotations
@@ -45,32 +48,49 @@ TOY_TASKS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
 }
 
 
+def _image_tasks() -> dict[str, Callable[[random.Random], tuple[str, str, str, list[bytes]]]]:
+    from rlhf_ops.data.images import color_name_row  # PIL only for the image task
+
+    return {"color_name": color_name_row}
+
+
+IMAGE_TOY_TASKS = ("color_name",)
+
+
 def make_toy_dataset(name: str, *, num_rows: int, seed: int, chat: bool = True) -> list[dict[str, Any]]:
     """Returns ``num_rows`` rows of toy task ``name``, deterministic in ``seed``.
 
     Args:
-        name: A key of :data:`TOY_TASKS` (``"copy_digit"`` or ``"add_digits"``).
+        name: A key of :data:`TOY_TASKS` (``"copy_digit"`` or ``"add_digits"``) or of
+            :data:`IMAGE_TOY_TASKS` (``"color_name"``, whose rows also hold ``images``: [PNG bytes]).
         num_rows: Number of rows (>= 1).
         seed: Seed of the row generator (``random.Random``; global RNGs are untouched).
         chat: If True, ``prompt`` is ``[{"role": "user", "content": text}]`` (for the chat template, as
             verl datasets store it); if False, the plain text.
 
     Returns:
-        Rows ``{"prompt", "ground_truth", "data_source"}``.
+        Rows ``{"prompt", "ground_truth", "data_source"}`` (+ ``"images"`` for an image task).
 
     Raises:
         ValueError: on an unknown ``name`` or ``num_rows < 1``.
     """
-    if name not in TOY_TASKS:
-        raise ValueError(f"Unknown toy task name={name!r}; choose one of {sorted(TOY_TASKS)}.")
+    if name not in TOY_TASKS and name not in IMAGE_TOY_TASKS:
+        raise ValueError(f"Unknown toy task name={name!r}; choose one of {sorted([*TOY_TASKS, *IMAGE_TOY_TASKS])}.")
     if num_rows < 1:
         raise ValueError(f"num_rows={num_rows} must be >= 1.")
     rng = random.Random(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    image_task = _image_tasks()[name] if name in IMAGE_TOY_TASKS else None
     for _ in range(num_rows):
-        text, truth, source = TOY_TASKS[name](rng)
+        images: list[bytes] | None = None
+        if image_task is not None:
+            text, truth, source, images = image_task(rng)
+        else:
+            text, truth, source = TOY_TASKS[name](rng)
         prompt: str | list[dict[str, str]] = [{"role": "user", "content": text}] if chat else text
         rows.append({"prompt": prompt, "ground_truth": truth, "data_source": source})
+        if images is not None:
+            rows[-1]["images"] = images
     return rows
 
 

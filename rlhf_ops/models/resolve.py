@@ -1,4 +1,4 @@
-"""Resolving ``model.path``: a local HF directory, or ``builtin:tiny-llama`` (built locally, no hub)."""
+"""Resolving ``model.path``: a local HF directory, or ``builtin:tiny-llama`` / ``builtin:tiny-vlm`` (built locally)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 BUILTIN_TINY = "builtin:tiny-llama"
+BUILTIN_TINY_VLM = "builtin:tiny-vlm"
 
 
 def cache_dir() -> Path:
@@ -19,8 +20,15 @@ def resolve_model_path(path: str) -> str:
         from rlhf_ops.models.tiny import build_tiny_model_dir
 
         return str(build_tiny_model_dir(cache_dir() / "tiny-llama"))
+    if path == BUILTIN_TINY_VLM:
+        from rlhf_ops.models.tiny_vlm import build_tiny_vlm_dir
+
+        return str(build_tiny_vlm_dir(cache_dir() / "tiny-vlm"))
     if path.startswith("builtin:"):
-        raise ValueError(f"model.path: unknown built-in model {path!r}; use {BUILTIN_TINY!r} or a local HF directory")
+        raise ValueError(
+            f"model.path: unknown built-in model {path!r}; use {BUILTIN_TINY!r}, {BUILTIN_TINY_VLM!r} or a local "
+            "HF directory"
+        )
     if not Path(path).is_dir():
         raise ValueError(
             f"model.path: {path!r} is not a local directory; download the HF model to a path every node can read "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, cast, runtime_checkable
 
-from rlhf_ops.rewards.toy import add_digits_score, copy_digit_score, toy_compute_score
+from rlhf_ops.rewards.toy import add_digits_score, color_name_score, copy_digit_score, toy_compute_score
 
 
 @runtime_checkable
@@ -36,6 +36,7 @@ BUILTIN_REWARD_FNS: dict[str, RewardFn] = {
     "toy": toy_compute_score,
     "copy_digit": copy_digit_score,
     "add_digits": add_digits_score,
+    "color_name": color_name_score,
 }
 
 

@@ -40,6 +40,13 @@ __all__ = ["DataParallelPPOActor"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages")
+_MEDIA_KEYS = ("pixel_values",)  # vision-language policies: (B, k, C, H, W), split by rows like the rest
+
+
+def _with_media(data: DataProto, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` plus the media keys ``data`` holds."""
+    present = set(data.batch.keys()) if data.batch is not None else set()
+    return (*keys, *(k for k in _MEDIA_KEYS if k in present))
 
 
 def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:
@@ -124,6 +131,7 @@ class DataParallelPPOActor:
     ) -> tuple[Tensor, Tensor | None]:
         batch = micro.batch
         assert batch is not None
+        pixel_values = batch["pixel_values"].to(self.device) if "pixel_values" in batch.keys() else None
         return response_log_probs(
             self.module,
             input_ids=batch["input_ids"].to(self.device),
@@ -136,6 +144,7 @@ class DataParallelPPOActor:
             use_remove_padding=self.config.use_remove_padding,
             keep_logits=self._keep_logits,
             sp_group=self.sp_group,
+            pixel_values=pixel_values,
         )
 
     def compute_log_prob(
@@ -158,7 +167,7 @@ class DataParallelPPOActor:
         _require(data, _FORWARD_KEYS, "compute_log_prob")
         meta = data.meta_info
         micro_batches, indices = make_micro_batches(
-            data.select(list(_FORWARD_KEYS)),
+            data.select(list(_with_media(data, _FORWARD_KEYS))),
             use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
             micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
             max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
@@ -199,7 +208,7 @@ class DataParallelPPOActor:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
         _require(data, keys, "update_policy")
-        data = data.select(list(keys))
+        data = data.select(list(_with_media(data, keys)))
         temperature = float(data.meta_info.get("temperature", 1.0))
         step_seed = int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
