@@ -71,7 +71,7 @@ _VISION_DEFAULTS: dict[str, Any] = {
     "num_attention_heads": 1,
 }
 _BUILD_FILE = "tiny_build.json"
-_BUILD_FORMAT = 1
+_BUILD_FORMAT = 2
 
 
 def build_tiny_vlm_tokenizer() -> PreTrainedTokenizerFast:
@@ -110,6 +110,7 @@ def make_tiny_vlm_config(tokenizer: PreTrainedTokenizerFast) -> LlavaConfig:
         "vision_config": vision,
         "text_config": text,
         "image_token_id": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "image_seq_length": IMAGE_TOKENS_PER_IMAGE,
         "vision_feature_select_strategy": "default",
         "vision_feature_layer": -1,
         "projector_hidden_act": "gelu",
