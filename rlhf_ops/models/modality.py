@@ -61,3 +61,16 @@ def policy_auto_class(config: Any) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     return AutoModelForImageTextToText if config_modality(config) == "vision_language" else AutoModelForCausalLM
+
+
+def media_token_ids(config: Any) -> list[int]:
+    """Placeholder ids of a vision-language config (image / video tokens) that a response must never hold.
+
+    A sampled placeholder would be read as an image slot by the next forward, which then fails (more slots
+    than images) or, worse, scatters image features into the response.
+    """
+    if config is None or config_modality(config) != "vision_language":
+        return []
+    names = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+    ids = {getattr(config, name, None) for name in names}
+    return sorted(int(i) for i in ids if isinstance(i, int) and i >= 0)

@@ -59,6 +59,9 @@ class HFRollout:
         sync_stop: Stop decoding only when every rank's rows have finished (an all-reduce per step), so that
             all ranks run the same number of forwards. None: on iff ``module`` is FSDP2-wrapped and
             ``torch.distributed`` is initialised. All ranks of the default group must then generate together.
+        suppress_token_ids: Ids never sampled (their logits are set to -inf before sampling, and the recorded
+            log-probs come from those logits): a VLM's image placeholder token, which in a response would be
+            read as an image slot by the next forward.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class HFRollout:
         seed: int = 0,
         logprobs_mode: LogprobsMode = "raw",
         sync_stop: bool | None = None,
+        suppress_token_ids: Sequence[int] = (),
     ) -> None:
         if logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode={logprobs_mode!r} must be 'raw' or 'processed'.")
@@ -91,6 +95,7 @@ class HFRollout:
         self.seed = seed
         self.logprobs_mode: LogprobsMode = logprobs_mode
         self._sync_stop = sync_stop
+        self.suppress_token_ids = tuple(int(i) for i in suppress_token_ids)
         self._generator: torch.Generator | None = None
 
     # ------------------------------------------------------------------------------------------- contract
@@ -202,7 +207,10 @@ class HFRollout:
 
     def _forward(self, **kwargs: Any) -> tuple[Tensor, Any]:
         out = self.module(use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[:, -1, :], out.past_key_values  # (B, V) next-token logits, the grown cache
+        logits = out.logits[:, -1, :]  # (B, V) next-token logits
+        if self.suppress_token_ids:
+            logits = logits.index_fill(-1, torch.tensor(self.suppress_token_ids, device=logits.device), float("-inf"))
+        return logits, out.past_key_values  # the grown cache
 
     def _decode(
         self,

@@ -17,7 +17,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor, LlavaForCon
 
 from rlhf_ops.config.schema import FSDPConfig
 from rlhf_ops.data.images import TOY_COLORS, encode_multimodal_prompt, solid_png
-from rlhf_ops.models.modality import detect_modality
+from rlhf_ops.models.modality import detect_modality, media_token_ids
 from rlhf_ops.models.tiny_vlm import IMAGE_TOKENS_PER_IMAGE, build_tiny_vlm_dir
 from rlhf_ops.padding import compute_position_ids, pad_sequences_left
 from rlhf_ops.protocol import DataProto
@@ -61,7 +61,11 @@ def test_dir_is_a_llava_with_a_processor_and_loads_with_the_image_text_auto_clas
     )
     # 84 char-level ids + "<image>" = 85; "<image>" is the last id.
     assert config["text_config"]["vocab_size"] == 85 and config["image_token_index"] == 84
-    assert config["image_seq_length"] == 4 and config["vision_config"]["image_size"] == 16 and config["vision_config"]["patch_size"] == 8
+    assert (
+        config["image_seq_length"] == 4
+        and config["vision_config"]["image_size"] == 16
+        and config["vision_config"]["patch_size"] == 8
+    )
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir)
     assert isinstance(model, LlavaForConditionalGeneration)
     # Same seed, same bytes: a second build into another folder is identical.
@@ -118,6 +122,22 @@ def test_rollout_log_probs_match_padded_and_packed_recompute(tiny_vlm_dir: str, 
             pixel_values=out["pixel_values"],
         )
         torch.testing.assert_close(log_probs[mask], out["rollout_log_probs"][mask], atol=1e-5, rtol=0)
+
+
+def test_rollout_never_samples_the_image_placeholder(tiny_vlm_dir: str) -> None:
+    model = load_hf_model(tiny_vlm_dir, kind="causal_lm", attn_implementation="eager")
+    assert media_token_ids(model.config) == [84] and media_token_ids(None) == []
+    prompts = _batch(tiny_vlm_dir, ["red", "green", "blue"])
+    prompts.meta_info.update({"n": 16})
+    counts = []
+    for suppress in ((), media_token_ids(model.config)):
+        engine = HFRollout(
+            model, pad_token_id=0, eos_token_id=2, response_length=7, seed=5, suppress_token_ids=suppress
+        )
+        responses = engine.generate_sequences(prompts).tensors["responses"]
+        counts.append(int((responses == 84).sum()))
+    # 48 rows x 7 tokens at ~1/85 each: the random policy samples "<image>" a few times unless suppressed.
+    assert counts[0] > 0 and counts[1] == 0
 
 
 def test_fsdp2_shards_the_vision_tower_and_the_language_blocks(gloo_world1: None, tiny_vlm_dir: str) -> None:
