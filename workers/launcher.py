@@ -42,7 +42,7 @@ def launch_role_groups(
     model_path: str,
     total_training_steps: int,
     pad_token_id: int,
-    eos_token_id: int,
+    eos_token_id: int | tuple[int, ...],
 ) -> RoleGroups:
     """Starts the groups the config needs and calls ``init_model`` on each."""
     res = config.resources

@@ -9,9 +9,10 @@ sizes in :mod:`rlhf_ops.config.batch_plan`. Workers receive their own section, n
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 KLPenalty = Literal[
@@ -21,6 +22,48 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 DType = Literal["float32", "bfloat16", "float16"]
 LoggerName = Literal["console", "jsonl", "mlflow"]
 DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
+
+
+MAX_NAME_LENGTH = 128
+
+
+def _path_component(value: str) -> str:
+    """``value`` if it is safe as one folder name under ``trainer.checkpoint_root`` (and in remote URLs).
+
+    A ``/``, a ``\\``, a leading ``.`` (``.``, ``..``, hidden folders) or a control character would move the
+    run's folder elsewhere or hide it, so they are refused rather than escaped: the name stays the one the
+    user sees in every path.
+    """
+    bad = (
+        "/" in value
+        or "\\" in value
+        or value.startswith(".")
+        or value != value.strip()
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+        or len(value) > MAX_NAME_LENGTH
+    )
+    if not value or bad:
+        raise PydanticCustomError(
+            "path_component",
+            "is not safe as a single folder name (no '/', '\\', NUL or control characters, no leading '.' or "
+            "surrounding spaces, 1-{max_length} characters)",
+            {"max_length": MAX_NAME_LENGTH, "fix": "use letters, digits, '-', '_' and '.', e.g. 'grpo-run-1'"},
+        )
+    return value
+
+
+def _not_blank(fix: str) -> AfterValidator:
+    """Refuses an empty or all-space string (``key=`` on the command line), where ``null`` is meant."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise PydanticCustomError("blank", "is empty", {"fix": fix})
+        return value
+
+    return AfterValidator(check)
+
+
+PathComponent = Annotated[str, AfterValidator(_path_component)]
 
 
 class _Section(BaseModel):
@@ -224,7 +267,10 @@ class RewardConfig(_Section):
     """Reward: a sequence-classification reward model and/or a rule function (summed)."""
 
     model_path: str | None = Field(None, description="HF sequence-classification reward model directory.")
-    reward_fn: str | None = Field(
+    reward_fn: Annotated[
+        str | None,
+        _not_blank("set a built-in name or 'pkg.module:function', or null to score with reward.model_path only"),
+    ] = Field(
         None,
         description="Built-in (default, gsm8k, gsm8k_flexible, math, multiple_choice, format, toy...) or "
         "dotted path 'pkg.module:function' with verl's (data_source, solution_str, ground_truth, extra_info).",
@@ -246,15 +292,23 @@ class ResourcesConfig(_Section):
 class TrainerConfig(_Section):
     """The controller loop, checkpoints and resume."""
 
-    experiment_name: str = Field("rlhf", min_length=1)
-    run_name: str = Field("run", min_length=1, description="Checkpoint folder name under the experiment.")
+    experiment_name: PathComponent = Field(
+        "rlhf", description="Folder under checkpoint_root (and the remote store): one path component."
+    )
+    run_name: PathComponent = Field(
+        "run", description="Checkpoint folder name under the experiment: one path component."
+    )
     total_epochs: int = Field(1, gt=0)
     total_training_steps: int | None = Field(None, gt=0, description="Stop after this many steps (caps epochs).")
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     test_freq: int = Field(0, ge=0, description="Validate every N steps (0 = never during training).")
     val_before_train: bool = False
-    checkpoint_root: str = Field("checkpoints", description="Local folder for checkpoints.")
-    remote_store_url: str | None = Field(None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to.")
+    checkpoint_root: Annotated[str, _not_blank("set a folder, e.g. 'checkpoints'")] = Field(
+        "checkpoints", description="Local folder for checkpoints."
+    )
+    remote_store_url: Annotated[str | None, _not_blank("set a URL, or null to keep checkpoints local only")] = Field(
+        None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to."
+    )
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
     resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
@@ -269,7 +323,10 @@ class TrainerConfig(_Section):
 class TrackingConfig(_Section):
     """MLflow."""
 
-    mlflow_uri: str | None = Field(None, description="Tracking URI; None uses MLFLOW_TRACKING_URI.")
+    mlflow_uri: Annotated[
+        str | None,
+        _not_blank("set an http(s)://, file:// or database URI, or null to use MLFLOW_TRACKING_URI"),
+    ] = Field(None, description="Tracking URI; None uses MLFLOW_TRACKING_URI.")
     experiment: str = Field("rlhf", min_length=1)
 
 

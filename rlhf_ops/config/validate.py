@@ -5,8 +5,16 @@ Each rule appends a :class:`ConfigProblem`; :func:`check_config` raises once wit
 
 from __future__ import annotations
 
+from pathlib import Path
+from urllib.parse import urlsplit
+
 from rlhf_ops.config.errors import ConfigError, ConfigProblem
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, RunConfig
+
+# URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
+# free of the storage stack, a test keeps the two equal).
+CHECKPOINT_SCHEMES = ("file", "s3", "hdfs", "webhdfs")
+RESUME_KEYWORDS = ("auto", "disable")
 
 # Estimators that normalise within the group of samples of one prompt (need n >= 2).
 GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
@@ -110,6 +118,27 @@ def _check_algorithm(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
+def _resume_mode_problem(mode: str) -> ConfigProblem | None:
+    """``auto``, ``disable``, a URL of a known scheme, or a local path that exists (else a typo resumes nothing)."""
+    fix = "set 'auto', 'disable', an existing global_step_<N> folder or a file://, s3://, hdfs://, webhdfs:// URL"
+    if not mode.strip():
+        return ConfigProblem("trainer.resume_mode", "empty", fix)
+    if mode in RESUME_KEYWORDS:
+        return None
+    if "://" in mode:
+        parts = urlsplit(mode)
+        if parts.scheme.lower() not in CHECKPOINT_SCHEMES or not (parts.netloc or parts.path.strip("/")):
+            return ConfigProblem("trainer.resume_mode", f"{mode!r} is not a checkpoint URL of a known scheme", fix)
+        if parts.scheme.lower() == "file" and not Path(parts.path).exists():
+            return ConfigProblem("trainer.resume_mode", f"{mode!r} does not exist", fix)
+        return None
+    if not Path(mode).exists():
+        return ConfigProblem(
+            "trainer.resume_mode", f"{mode!r} is neither 'auto', 'disable', a URL nor an existing path", fix
+        )
+    return None
+
+
 def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
     if run.reward.model_path is None and run.reward.reward_fn is None:
         problems.append(
@@ -127,10 +156,9 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "set e.g. rollout.kv_cache_memory_bytes=268435456",
             )
         )
-    if not run.trainer.resume_mode.strip():
-        problems.append(
-            ConfigProblem("trainer.resume_mode", "empty", "set 'auto', 'disable' or a checkpoint path/URL")
-        )
+    resume = _resume_mode_problem(run.trainer.resume_mode)
+    if resume is not None:
+        problems.append(resume)
     tp = run.rollout.tensor_model_parallel_size
     if run.world_size % tp:
         problems.append(

@@ -3,9 +3,14 @@
 Output of one run, under ``<out_url>/<run_id>/``::
 
     train.parquet, val.parquet  prompt (str or [{role, content}]), ground_truth, data_source, extra_info (JSON
-                                str), prompt_num_tokens (int64), and images (list<binary>) for image data
+                                str), ability, reward_model ({ground_truth, style}), prompt_num_tokens (int64),
+                                and images (list<binary>) for image data
     rejected.jsonl              {"row_index", "source", "kind", "reason", "row" (truncated repr)} per rejected row
     manifest.json               written last (no manifest, no prepared data): spec, counts, reasons, sha256s
+
+verl's Parquet layout is read as is (``prompt`` as chat messages, ``reward_model.ground_truth``,
+``data_source``, ``extra_info``, ``ability``) and written back in both layouts: ``ground_truth`` at the top
+for our trainer, ``reward_model: {ground_truth, style}`` and ``ability`` for verl's readers.
 
 ``prompt_num_tokens`` comes from the trainer's own :func:`rlhf_ops.data.dataset.encode_prompt`, so the
 trainer never drops an accepted prompt. The split hashes ``seed`` and the raw prompt (before template and system
@@ -46,7 +51,7 @@ from rlhf_ops.storage.stores import redact_url as _redact
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("prompt", "ground_truth", "data_source", "extra_info")
+FIELDS = ("prompt", "ground_truth", "data_source", "extra_info", "ability")
 IMAGES_FIELD = "images"  # optional: encoded images, one "<image>" placeholder each (rlhf_ops.data.images)
 TRAIN_FILE, VAL_FILE, REJECTED_FILE, MANIFEST_FILE = "train.parquet", "val.parquet", "rejected.jsonl", "manifest.json"
 _URLS = {"train_url": TRAIN_FILE, "val_url": VAL_FILE, "rejected_url": REJECTED_FILE, "manifest_url": MANIFEST_FILE}
@@ -142,7 +147,7 @@ class _Candidate:
     split: str | None  # "val" for val_source rows; None: the hash decides
     split_key: str  # the raw prompt as text
     prompt: Prompt
-    columns: dict[str, str]  # ground_truth, data_source, extra_info
+    columns: dict[str, Any]  # ground_truth, data_source, extra_info, ability, reward_model
     images: list[bytes] | None = None  # encoded images, each checked to decode
 
 
@@ -276,10 +281,16 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
     prompt = _format_prompt(value, spec)
     verl = "ground_truth" not in spec.field_map and "ground_truth" not in row  # verl nests it in reward_model
     gt_path = _VERL_GROUND_TRUTH if verl else fields["ground_truth"]
-    columns = {
+    columns: dict[str, Any] = {
         "ground_truth": _scalar(row, gt_path, "ground_truth", ""),
         "data_source": _scalar(row, fields["data_source"], "data_source", default_source),
         "extra_info": _extra_info(row, fields["extra_info"]),
+        "ability": _scalar(row, fields["ability"], "ability", ""),
+    }
+    # verl's reward_model column, kept so verl reads the output too; "rule": scored by a rule function.
+    columns["reward_model"] = {
+        "ground_truth": columns["ground_truth"],
+        "style": _scalar(row, "reward_model.style", "reward_model.style", "rule"),
     }
     return _Candidate(raw, split, key, prompt, columns, _images(row, spec, prompt))
 
@@ -324,7 +335,8 @@ def _tokenize(
     from rlhf_ops.data.dataset import encode_prompt
     from rlhf_ops.data.images import encode_multimodal_prompt, is_processor
 
-    if any(getattr(c, "images", None) for c in items) and not is_processor(tokenizer):
+    has_images = any(getattr(c, "images", None) for c in items)  # then every output row gets the column
+    if has_images and not is_processor(tokenizer):
         raise ValueError(
             "source rows have images but the tokenizer has no image processor; pass the vision-language model's "
             "directory (--tokenizer, e.g. builtin:tiny-vlm) so image tokens are counted like in training"
@@ -356,7 +368,7 @@ def _tokenize(
             reason = f"prompt has {n} tokens > max_prompt_length={spec.max_prompt_length}"
             rejected.append(_rejection(item.raw, _Reject("too_long", reason)))
             continue
-        images = {IMAGES_FIELD: item.images or []} if any(getattr(c, "images", None) for c in items) else {}
+        images = {IMAGES_FIELD: item.images or []} if has_images else {}
         accepted.append((item, {"prompt": prompt, **item.columns, "prompt_num_tokens": n, **images}))
     return accepted, rejected, as_chat
 
@@ -396,7 +408,9 @@ def _check_quality(spec: PrepareSpec, rejected: list[Row], num_read: int, num_tr
 def _parquet_bytes(rows: list[Row], *, as_chat: bool, with_images: bool = False) -> bytes:
     message = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     columns = [("prompt", message if as_chat else pa.string())]
-    columns += [(name, pa.string()) for name in FIELDS[1:]] + [("prompt_num_tokens", pa.int64())]
+    columns += [(name, pa.string()) for name in FIELDS[1:]]
+    columns += [("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())]))]
+    columns += [("prompt_num_tokens", pa.int64())]
     if with_images:
         columns.append((IMAGES_FIELD, pa.list_(pa.binary())))
     sink = pa.BufferOutputStream()

@@ -58,7 +58,7 @@ class ActorRolloutRefSpec:
     plan: BatchPlan
     total_training_steps: int
     pad_token_id: int
-    eos_token_id: int
+    eos_token_id: int | tuple[int, ...]  # every id that ends a response (rlhf_ops.models.generation)
     seed: int
     device: str
 
