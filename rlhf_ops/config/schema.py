@@ -82,9 +82,16 @@ class LoraConfig(_Section):
 
 
 class ModelConfig(_Section):
-    """The policy model. ``builtin:tiny-llama`` builds the tiny test model locally (no hub)."""
+    """The policy model. ``builtin:tiny-llama`` / ``builtin:tiny-vlm`` build tiny test models locally (no hub)."""
 
-    path: str = Field(..., min_length=1, description="Local HF model directory, or 'builtin:tiny-llama'.")
+    path: str = Field(
+        ..., min_length=1, description="Local HF model directory, or 'builtin:tiny-llama' / 'builtin:tiny-vlm'."
+    )
+    modality: Literal["auto", "text", "vision_language"] = Field(
+        "auto",
+        description="auto: vision_language when config.json has a vision_config (AutoModelForImageTextToText), "
+        "else text (AutoModelForCausalLM); an explicit value must match the model.",
+    )
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to model.path.")
     dtype: DType = Field(
         "float32",

@@ -235,6 +235,59 @@ def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list
         )
 
 
+def _check_vision_language(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    """What a vision-language policy (``model.modality``, or detected from config.json) cannot use yet."""
+    from rlhf_ops.models.modality import detect_modality
+
+    requested, detected = run.model.modality, detect_modality(run.model.path)
+    if requested != "auto" and detected is not None and detected != requested:
+        problems.append(
+            ConfigProblem(
+                "model.modality",
+                f"{requested} but model.path={run.model.path!r} is a {detected} model (by its config.json)",
+                "set model.modality=auto",
+            )
+        )
+        return
+    modality = detected if requested == "auto" else requested
+    if modality != "vision_language":
+        return
+    what = "with a vision-language policy"
+    rules = [
+        (
+            run.needs_critic,
+            "algorithm.adv_estimator",
+            f"gae needs a critic (a value head on the policy), not built {what}",
+            "use grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or remax",
+        ),
+        (
+            run.reward.model_path is not None,
+            "reward.model_path",
+            f"reward models are text-only sequence classifiers and never see the images {what}",
+            "score with reward.reward_fn instead",
+        ),
+        (
+            run.rollout.engine == "vllm",
+            "rollout.engine",
+            f"the vLLM engine receives token ids only, no images, {what}",
+            "set rollout.engine=hf",
+        ),
+        (
+            run.actor.ulysses_sequence_parallel_size > 1,
+            "actor.ulysses_sequence_parallel_size",
+            f"Ulysses does not shard image tokens {what}",
+            "set 1",
+        ),
+        (
+            run.model.lora.rank > 0,
+            "model.lora.rank",
+            f"LoRA is not supported {what} ('all-linear' would also adapt the vision tower)",
+            "set 0 (full fine-tuning)",
+        ),
+    ]
+    problems.extend(ConfigProblem(key, message, fix) for bad, key, message, fix in rules if bad)
+
+
 def _check_reward(run: RunConfig, problems: list[ConfigProblem]) -> None:
     overlong, max_len = run.reward.overlong_buffer, run.rollout.max_new_tokens
     if not overlong.enable:
@@ -324,6 +377,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_gpu_share(run, problems)
     _check_algorithm(run, problems)
     _check_rest(run, problems)
+    _check_vision_language(run, problems)
     _check_reward(run, problems)
     _check_surface(run, problems)
     return problems

@@ -91,10 +91,10 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     """
     config = checked_config(config)
     import torch
-    from transformers import AutoTokenizer
 
     from rlhf_ops.checkpoint.manager import CheckpointManager
     from rlhf_ops.data.dataset import PromptDataset, PromptLoader
+    from rlhf_ops.data.images import is_processor, load_tokenizer_or_processor
     from rlhf_ops.models.generation import eos_token_ids
     from rlhf_ops.models.resolve import resolve_model_path
     from rlhf_ops.rewards import build_reward_fn
@@ -105,7 +105,10 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     torch.manual_seed(config.trainer.seed)
     plan = derive_batch_plan(config)
     model_path = resolve_model_path(config.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or model_path)
+    # A vision-language model's directory holds a processor: it encodes image rows; text goes via its tokenizer.
+    loaded = load_tokenizer_or_processor(config.model.tokenizer_path or model_path)
+    processor = loaded if is_processor(loaded) else None
+    tokenizer = loaded.tokenizer if processor is not None else loaded
     if tokenizer.pad_token_id is None:  # verl's rule: pad with eos; the response mask ends at the first eos
         log.warning("the tokenizer has no pad token; padding with eos %r", tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
@@ -123,6 +126,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             apply_chat_template=data.apply_chat_template,
             toy_rows=data.toy_rows,
             seed=seed,
+            processor=processor,
         )
 
     train_set = dataset(data.train_files, config.trainer.seed)

@@ -147,16 +147,18 @@ class PPOTrainer:
         with timer.stage("gen"):
             out = self.actor_rollout_ref.generate_sequences(repeated)
         _add_worker_timing(timer, out)
-        batch = merge_generation(repeated, out, keys=_GEN_KEYS)
+        batch = merge_generation(repeated, out, keys=_gen_keys(out))
         if self.config.algorithm.adv_estimator == "remax":
             batch.tensors["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
         return batch
 
     def _greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
-        greedy = prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        keys = ["input_ids", "attention_mask", "position_ids"]
+        greedy = prompts.select(batch_keys=[*keys, *(k for k in _MEDIA_KEYS if k in prompts.tensors.keys())])
         greedy.non_tensor_batch = dict(prompts.non_tensor_batch)
         greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
-        out = merge_generation(greedy, self.actor_rollout_ref.generate_sequences(greedy), keys=_GEN_KEYS)
+        generated = self.actor_rollout_ref.generate_sequences(greedy)
+        out = merge_generation(greedy, generated, keys=_gen_keys(generated))
         self.reward(out)
         return out.tensors["token_level_scores"].sum(-1)
 
@@ -336,4 +338,13 @@ _GEN_KEYS = [
     "response_mask",
     "rollout_log_probs",
 ]
+_MEDIA_KEYS = ["pixel_values"]  # vision-language batches: the images travel with their rows to every role
+
+
+def _gen_keys(generated: DataProto) -> list[str]:
+    """The generation keys to keep: :data:`_GEN_KEYS` plus the media keys the engine returned."""
+    present = set(generated.tensors.keys())
+    return _GEN_KEYS + [k for k in _MEDIA_KEYS if k in present]
+
+
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from rlhf_ops.config.batch_plan import BatchPlan
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
+from rlhf_ops.models.modality import media_token_ids
 from rlhf_ops.protocol import DataProto
 from workers.actor.dp_actor import DataParallelPPOActor
 from workers.checkpointing import gather_full_state_dict, load_role_checkpoint, save_role_checkpoint
@@ -239,6 +240,7 @@ class ActorRolloutRefWorker(Worker):
             top_p=r.top_p,
             top_k=r.top_k,
             seed=spec.seed + 1000 * self.rank,
+            suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -63,6 +63,15 @@ def bind_policy_loss(algorithm: AlgorithmConfig, *, seed: int = 0) -> PolicyLoss
     return loss
 
 
+_MEDIA_KEYS = ("pixel_values",)  # vision-language policies: (B, k, C, H, W), split by rows like the rest
+
+
+def _with_media(data: DataProto, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` plus the media keys ``data`` holds."""
+    present = set(data.batch.keys()) if data.batch is not None else set()
+    return (*keys, *(k for k in _MEDIA_KEYS if k in present))
+
+
 def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:
     present = set(data.batch.keys()) if data.batch is not None else set()
     missing = [k for k in keys if k not in present]
@@ -152,6 +161,7 @@ class DataParallelPPOActor:
     ) -> tuple[Tensor, Tensor | None]:
         batch = micro.batch
         assert batch is not None
+        pixel_values = batch["pixel_values"].to(self.device) if "pixel_values" in batch.keys() else None
         return response_log_probs(
             self.module,
             input_ids=batch["input_ids"].to(self.device),
@@ -164,6 +174,7 @@ class DataParallelPPOActor:
             use_remove_padding=self.config.use_remove_padding,
             keep_logits=self._keep_logits,
             sp_group=self.sp_group,
+            pixel_values=pixel_values,
         )
 
     def compute_log_prob(
@@ -186,7 +197,7 @@ class DataParallelPPOActor:
         _require(data, _FORWARD_KEYS, "compute_log_prob")
         meta = data.meta_info
         micro_batches, indices = make_micro_batches(
-            data.select(list(_FORWARD_KEYS)),
+            data.select(list(_with_media(data, _FORWARD_KEYS))),
             use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
             micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
             max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
@@ -246,7 +257,7 @@ class DataParallelPPOActor:
         if self.algorithm.tis_imp_ratio_cap is not None and "rollout_log_probs" not in keys:
             keys = (*keys, "rollout_log_probs")
         _require(data, keys, "update_policy")
-        data = data.select(list(keys))
+        data = data.select(list(_with_media(data, keys)))
         step_seed = int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
         acc = MetricAccumulator(self.device)
