@@ -46,7 +46,8 @@ COPY --chmod=0755 docker/airflow-entrypoint.sh /opt/rlhf/airflow-entrypoint.sh
 # versions: they stand in for Airflow's constraints file where GitHub is unreachable, AIRFLOW_CONSTRAINTS_URL=
 # file:///opt/rlhf/constraints/constraints.txt).
 COPY docker/build-context/constraints/ /opt/rlhf/constraints/
-# hadolint ignore=DL3008
+# (hadolint reads the array syntax as POSIX sh, and the pin of apache-airflow[...] as missing.)
+# hadolint ignore=DL3008,DL3013,SC3054
 RUN if ! command -v airflow >/dev/null; then \
         apt-get update \
         && apt-get install -y --no-install-recommends "python${AIRFLOW_PYTHON_VERSION}" python3-venv \

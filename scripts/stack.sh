@@ -215,6 +215,7 @@ AIRFLOW__LOGGING__BASE_LOG_FOLDER=/opt/airflow/logs
 AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=$P_WORKER_LOGS
 AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=$P_TRIGGER_LOGS
 AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/dags
+AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/plugins
 AIRFLOW__RLHF__HEAVY_QUEUE=heavy
 AIRFLOW__RLHF__RAY_DASHBOARD_URL=http://127.0.0.1:$P_RAY_DASH
 MLFLOW_TRACKING_URI=http://127.0.0.1:$P_MLFLOW
@@ -260,8 +261,10 @@ cmd_up() {
   check_ports
   cmd_build
   write_env
-  # shellcheck disable=SC1091
-  set -a; . "$STATE/secrets.env"; set +a
+  set -a
+  # shellcheck disable=SC1091  # written just above by write_env
+  . "$STATE/secrets.env"
+  set +a
   local v
   for v in postgres airflow-logs work; do
     podman volume create --label "$LABEL" "$STACK-$v" >/dev/null
