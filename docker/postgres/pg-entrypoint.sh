@@ -18,7 +18,8 @@ fi
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   pwfile=$(mktemp)
   printf '%s\n' "$POSTGRES_PASSWORD" >"$pwfile"
-  initdb -D "$PGDATA" -U postgres --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+  initdb -D "$PGDATA" -U postgres --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 \
+    --encoding=UTF8 --locale=C.UTF-8 >/dev/null
   rm -f "$pwfile"
   # Listen on loopback only: the stack runs with host networking.
   pg_ctl -D "$PGDATA" -o "-c listen_addresses='' -p $PGPORT" -w start >/dev/null
