@@ -1,5 +1,6 @@
-"""The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``prepare-data``, ``eval``,
-``sync``, ``export``, ``demo``. Heavy imports (torch, Ray) happen inside the command that needs them.
+"""The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``prepare-data``, ``model
+import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``. Heavy imports (torch,
+Ray) happen inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -88,6 +89,43 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_import_gguf(args: argparse.Namespace) -> int:
+    from rlhf_ops.models.gguf import import_gguf
+
+    try:
+        out = import_gguf(args.gguf_file, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def _model_resolve(args: argparse.Namespace) -> int:
+    from rlhf_ops.models.resolve import resolve_model_path
+
+    try:
+        print(resolve_model_path(args.path))
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_model_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    model = sub.add_parser("model", help="import or build model directories")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    imp = model_sub.add_parser("import-gguf", help="de-quantise a llama.cpp .gguf file into an HF directory")
+    imp.add_argument("gguf_file", help="the .gguf file")
+    imp.add_argument("out_dir", help="the HF folder to create (appears atomically)")
+    imp.add_argument("--dtype", default="bfloat16", help="weights on disk: bfloat16 (default), float32, float16")
+    imp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    imp.set_defaults(func=_model_import_gguf)
+    res = model_sub.add_parser("resolve", help="print the local directory of a model.path (builds built-ins)")
+    res.add_argument("path", help="builtin:tiny-llama, builtin:smollm2-135m-instruct or a local folder")
+    res.set_defaults(func=_model_resolve)
+
+
 def _prepare_data(args: argparse.Namespace) -> int:
     from rlhf_ops.data.prepare import prepare_from_args
 
@@ -167,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_train)
 
     _add_prepare_parser(sub)
+    _add_model_parser(sub)
+    from rlhf_ops.evaluation.commands import add_eval_parser
+
+    add_eval_parser(sub)
 
     sync = sub.add_parser("sync", help="upload every complete checkpoint of a run folder")
     sync.add_argument("local_run_dir")

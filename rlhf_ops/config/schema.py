@@ -201,12 +201,29 @@ class RolloutConfig(_Section):
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)
 
 
+class OverlongBufferConfig(_Section):
+    """DAPO's soft overlong punishment on the rule reward (verl's ``reward_model.overlong_buffer``).
+
+    A response of L tokens gets ``min(0, -(L - (max_new_tokens - len)) / len * penalty_factor)`` added:
+    0 up to ``rollout.max_new_tokens - len`` tokens, then linearly down to ``-penalty_factor``.
+    """
+
+    enable: bool = Field(False, description="Add the overlong penalty to reward.reward_fn's score.")
+    len: int = Field(0, ge=0, description="Buffer (tokens) before rollout.max_new_tokens where the penalty ramps.")
+    penalty_factor: float = Field(1.0, ge=0.0, description="Penalty at rollout.max_new_tokens (score - factor).")
+
+
 class RewardConfig(_Section):
     """Reward: a sequence-classification reward model and/or a rule function (summed)."""
 
     model_path: str | None = Field(None, description="HF sequence-classification reward model directory.")
-    reward_fn: str | None = Field(None, description="Built-in name or dotted path 'pkg.module:function'.")
+    reward_fn: str | None = Field(
+        None,
+        description="Built-in (default, gsm8k, gsm8k_flexible, math, multiple_choice, format, toy...) or "
+        "dotted path 'pkg.module:function' with verl's (data_source, solution_str, ground_truth, extra_info).",
+    )
     micro_batch_size_per_gpu: int = Field(8, gt=0)
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
 
 
 class ResourcesConfig(_Section):

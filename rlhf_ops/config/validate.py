@@ -146,6 +146,28 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
+def _check_reward(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    overlong, max_len = run.reward.overlong_buffer, run.rollout.max_new_tokens
+    if not overlong.enable:
+        return
+    if run.reward.reward_fn is None:
+        problems.append(
+            ConfigProblem(
+                "reward.overlong_buffer.enable",
+                "the overlong penalty is added to the rule reward, but reward.reward_fn is not set",
+                "set reward.reward_fn, or reward.overlong_buffer.enable=false",
+            )
+        )
+    if not 0 < overlong.len <= max_len:
+        problems.append(
+            ConfigProblem(
+                "reward.overlong_buffer.len",
+                f"{overlong.len} is not in 1..rollout.max_new_tokens={max_len}",
+                f"set a buffer of 1..{max_len} tokens (DAPO: a quarter of the budget, e.g. {max(1, max_len // 4)})",
+            )
+        )
+
+
 def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     """Every cross-field problem of ``run`` (empty when consistent)."""
     problems: list[ConfigProblem] = []
@@ -154,6 +176,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
         _check_ppo_sizes("critic", run.critic, run, problems)
     _check_algorithm(run, problems)
     _check_rest(run, problems)
+    _check_reward(run, problems)
     return problems
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def row_ground_truth(row: dict[str, Any], key: str) -> str:
+    """``row[key]``, else verl's nested ``row["reward_model"]["ground_truth"]``, else ``""``."""
+    if key in row:
+        return str(row[key])
+    nested = row.get("reward_model")
+    return str(nested["ground_truth"]) if isinstance(nested, dict) and "ground_truth" in nested else ""
+
+
+def row_extra_info(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's ``extra_info`` as a dict: verl stores a struct, prepared files a JSON string; ``{}`` if absent."""
+    value = row.get("extra_info")
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def encode_prompt(prompt: str | Sequence[dict[str, str]], tokenizer: Any, *, apply_chat_template: bool) -> list[int]:
     """Token ids of one prompt; chat messages go through the tokenizer's chat template when it has one."""
     if not isinstance(prompt, str):
@@ -75,6 +91,7 @@ class PromptDataset:
     ground_truths: list[str]
     data_sources: list[str]
     num_dropped: int = 0
+    extra_infos: list[dict[str, Any]] = field(default_factory=list)  # per row; empty: none
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -93,7 +110,7 @@ class PromptDataset:
         toy_rows: int = 512,
         seed: int = 0,
     ) -> PromptDataset:
-        ids, raws, truths, sources, dropped = [], [], [], [], 0
+        ids, raws, truths, sources, infos, dropped = [], [], [], [], [], 0
         for i, url in enumerate(urls):
             for row in read_rows(url, toy_rows=toy_rows, seed=seed + i):
                 if prompt_key not in row:
@@ -104,18 +121,23 @@ class PromptDataset:
                     continue
                 ids.append(tokens)
                 raws.append(row[prompt_key])
-                truths.append(str(row.get(ground_truth_key, "")))
+                truths.append(row_ground_truth(row, ground_truth_key))
                 sources.append(str(row.get(data_source_key, url)))
+                infos.append(row_extra_info(row))
         if not ids:
             raise ValueError(
                 f"data: no usable prompt in {list(urls)} ({dropped} over data.max_prompt_length="
                 f"{max_prompt_length}); raise data.max_prompt_length or fix the files"
             )
-        return cls(ids, raws, truths, sources, dropped)
+        return cls(ids, raws, truths, sources, dropped, infos)
 
     def batch(self, indices: Sequence[int], *, pad_token_id: int, uid_prefix: str) -> DataProto:
         """The prompts at ``indices`` as a left-padded batch ``input_ids`` (B, P) with masks and uids."""
         seqs = [self.prompt_ids[i] for i in indices]
+        extra = {}
+        if self.extra_infos:  # an object array of dicts, filled in place so numpy never iterates a dict
+            extra["extra_info"] = np.empty(len(indices), dtype=object)
+            extra["extra_info"][:] = [self.extra_infos[i] for i in indices]
         input_ids = pad_sequences_left(seqs, pad_value=pad_token_id)
         attention_mask = pad_sequences_left([[1] * len(s) for s in seqs], pad_value=0)
         return DataProto.from_dict(
@@ -129,6 +151,7 @@ class PromptDataset:
                 "raw_prompt": np.array([self.raw_prompts[i] for i in indices] + [None], dtype=object)[:-1],
                 "ground_truth": np.array([self.ground_truths[i] for i in indices], dtype=object),
                 "data_source": np.array([self.data_sources[i] for i in indices], dtype=object),
+                **extra,
             },
         )
 

@@ -13,6 +13,9 @@ Tasks:
         "answer with a digit", the right digit rises above chance more slowly.
     ``add_digits`` (``data_source="toy/add_digits"``): prompt ``"2+5="`` → answer ``"7"`` (a, b in 0..9,
         so answers have one or two digits). Exact answers suit accuracy and pass@k evaluation.
+    ``gsm8k_synth`` / ``gsm8k_synth_test`` (``data_source="synth/gsm8k"``): word problems in GSM8K's
+        format for real (pretrained) models, train and held-out splits; rows in verl's layout, see
+        :mod:`rlhf_ops.data.gsm8k_synth` (not in :data:`TOY_TASKS`: they need a real tokenizer).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from rlhf_ops.data.gsm8k_synth import GSM8K_SYNTH_SOURCE, Split, make_gsm8k_synth
+
+__all__ = ["ADD_DIGITS_SOURCE", "COPY_DIGIT_SOURCE", "GSM8K_SYNTH_SOURCE", "TOY_TASKS", "make_toy_dataset"]
 
 COPY_DIGIT_SOURCE = "toy/copy_digit"
 ADD_DIGITS_SOURCE = "toy/add_digits"
@@ -43,26 +50,33 @@ TOY_TASKS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
     "copy_digit": _copy_digit_row,
     "add_digits": _add_digits_row,
 }
+# builtin name -> split of the GSM8K-format generator (rows in verl's layout)
+GSM8K_SYNTH_SPLITS: dict[str, Split] = {"gsm8k_synth": "train", "gsm8k_synth_test": "test"}
+BUILTIN_TASKS = (*TOY_TASKS, *GSM8K_SYNTH_SPLITS)
 
 
 def make_toy_dataset(name: str, *, num_rows: int, seed: int, chat: bool = True) -> list[dict[str, Any]]:
     """Returns ``num_rows`` rows of toy task ``name``, deterministic in ``seed``.
 
     Args:
-        name: A key of :data:`TOY_TASKS` (``"copy_digit"`` or ``"add_digits"``).
+        name: A key of :data:`TOY_TASKS` (``"copy_digit"`` or ``"add_digits"``) or of
+            :data:`GSM8K_SYNTH_SPLITS` (``"gsm8k_synth"``, ``"gsm8k_synth_test"``).
         num_rows: Number of rows (>= 1).
         seed: Seed of the row generator (``random.Random``; global RNGs are untouched).
         chat: If True, ``prompt`` is ``[{"role": "user", "content": text}]`` (for the chat template, as
             verl datasets store it); if False, the plain text.
 
     Returns:
-        Rows ``{"prompt", "ground_truth", "data_source"}``.
+        Rows ``{"prompt", "ground_truth", "data_source"}`` (GSM8K tasks: verl's layout, see
+        :func:`rlhf_ops.data.gsm8k_synth.make_gsm8k_synth`).
 
     Raises:
         ValueError: on an unknown ``name`` or ``num_rows < 1``.
     """
+    if name in GSM8K_SYNTH_SPLITS:
+        return make_gsm8k_synth(GSM8K_SYNTH_SPLITS[name], num_rows=num_rows, seed=seed, chat=chat)
     if name not in TOY_TASKS:
-        raise ValueError(f"Unknown toy task name={name!r}; choose one of {sorted(TOY_TASKS)}.")
+        raise ValueError(f"Unknown builtin task name={name!r}; choose one of {sorted(BUILTIN_TASKS)}.")
     if num_rows < 1:
         raise ValueError(f"num_rows={num_rows} must be >= 1.")
     rng = random.Random(seed)

@@ -63,7 +63,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     from rlhf_ops.checkpoint.manager import CheckpointManager
     from rlhf_ops.data.dataset import PromptDataset, PromptLoader
     from rlhf_ops.models.resolve import resolve_model_path
-    from rlhf_ops.rewards import load_reward_fn
+    from rlhf_ops.rewards import build_reward_fn
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
     from rlhf_ops.trainer.reward import RewardStage
     from workers.launcher import launch_role_groups
@@ -125,7 +125,17 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     )
     logger = build_loggers(config, run_dir)
     try:
-        reward_fn = load_reward_fn(config.reward.reward_fn) if config.reward.reward_fn else None
+        overlong = config.reward.overlong_buffer
+        reward_fn = (
+            build_reward_fn(
+                config.reward.reward_fn,
+                max_response_length=config.rollout.max_new_tokens,
+                overlong_buffer_len=overlong.len if overlong.enable else None,
+                overlong_penalty_factor=overlong.penalty_factor,
+            )
+            if config.reward.reward_fn
+            else None
+        )
         roles: dict[str, Any] = {"actor": groups.actor_rollout_ref}
         if groups.critic is not None:
             roles["critic"] = groups.critic

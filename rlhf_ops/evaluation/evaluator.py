@@ -130,7 +130,8 @@ def evaluate_model(
         settings: Sampling and reporting settings.
 
     Returns:
-        The report: ``{"version", "model_dir", "data_files", "settings", "metrics", "examples", "created_at"}``.
+        The report: ``{"version", "model_dir", "data_files", "settings", "metrics", "examples", "per_prompt",
+        "created_at"}``; ``per_prompt`` holds each prompt's greedy score and correctness, in prompt order.
     """
     from rlhf_ops.data.dataset import PromptDataset
     from rlhf_ops.evaluation.generate import generate, load_policy
@@ -171,6 +172,11 @@ def evaluate_model(
         ks = list(settings.ks) or default_ks(settings.n_samples)
         metrics.update(sample_metrics(_score_all(sampled, dataset, score_fn), n=settings.n_samples, ks=ks))
     examples = _examples(greedy[: settings.num_examples], dataset)
+    # Per-prompt greedy results, in prompt order: a later report on the same prompts can then be
+    # compared prompt by prompt (rlhf_ops.evaluation.paired) instead of as two independent means.
+    per_prompt = [
+        {"index": row.prompt_index, "score": row.score, "correct": row.correct, "length": row.length} for row in greedy
+    ]
     log.info("evaluated %s on %d prompts: %s", model_dir, len(indices), metrics)
     return {
         "version": REPORT_VERSION,
@@ -179,6 +185,7 @@ def evaluate_model(
         "settings": {**asdict(settings), "ks": list(settings.ks)},
         "metrics": {k: (v if math.isfinite(v) else None) for k, v in metrics.items()},
         "examples": examples,
+        "per_prompt": per_prompt,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 

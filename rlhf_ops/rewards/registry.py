@@ -3,13 +3,26 @@
 A reward function has verl's ``compute_score`` signature (:class:`RewardFn`). Config names one by a
 built-in name (a key of :data:`BUILTIN_REWARD_FNS`) or by a dotted path to user code, resolved by
 :func:`load_reward_fn`: ``"my_pkg.rewards:score"`` or ``"my_pkg.rewards.score"``.
+:func:`check_reward_fn` also refuses a function whose signature cannot take the four arguments (pre-flight
+calls it, so a wrong signature fails before any worker starts); :func:`build_reward_fn` adds the
+optional overlong penalty (:mod:`rlhf_ops.rewards.length`).
+
+Built-ins: ``gsm8k`` (strict ``#### N``), ``gsm8k_flexible`` (last number), ``math`` (``\\boxed{}``),
+``multiple_choice`` (option letter), ``format`` (answer format only), ``default`` (dispatch on
+``data_source``, :mod:`rlhf_ops.rewards.default`) and the toy tasks' ``toy``, ``copy_digit``, ``add_digits``.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Protocol, cast, runtime_checkable
 
+from rlhf_ops.rewards.default import default_compute_score, format_score
+from rlhf_ops.rewards.gsm8k import gsm8k_flexible_score, gsm8k_score
+from rlhf_ops.rewards.length import OverlongPenalty
+from rlhf_ops.rewards.math_answer import math_score
+from rlhf_ops.rewards.multiple_choice import multiple_choice_score
 from rlhf_ops.rewards.toy import add_digits_score, copy_digit_score, toy_compute_score
 
 
@@ -21,7 +34,8 @@ class RewardFn(Protocol):
         data_source: The row's ``data_source`` (lets one function serve several datasets).
         solution_str: The decoded response, special tokens skipped.
         ground_truth: The row's ``ground_truth``.
-        extra_info: The row's ``extra_info`` if the dataset has one, else None.
+        extra_info: The row's ``extra_info`` dict (``{}`` when the data has none) plus ``"response_length"``
+            (valid response tokens) from the trainer's reward stage; None when a caller has no row data.
 
     Returns:
         A float, or a dict with a ``"score"`` float and any other float metrics (e.g. ``"acc"``).
@@ -33,6 +47,12 @@ class RewardFn(Protocol):
 
 
 BUILTIN_REWARD_FNS: dict[str, RewardFn] = {
+    "default": default_compute_score,
+    "gsm8k": gsm8k_score,
+    "gsm8k_flexible": gsm8k_flexible_score,
+    "math": math_score,
+    "multiple_choice": multiple_choice_score,
+    "format": format_score,
     "toy": toy_compute_score,
     "copy_digit": copy_digit_score,
     "add_digits": add_digits_score,
@@ -84,3 +104,77 @@ def load_reward_fn(spec: str) -> RewardFn:
             "function (data_source, solution_str, ground_truth, extra_info) -> float | dict."
         )
     return cast(RewardFn, obj)
+
+
+REWARD_FN_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
+_PROBE = dict.fromkeys(REWARD_FN_PARAMETERS, "")
+
+
+def check_reward_fn(spec: str) -> RewardFn:
+    """Loads ``reward.reward_fn`` and checks that it accepts verl's four arguments; no call is made.
+
+    The signature must bind both ways the platform and verl call a reward function: positionally
+    ``fn(data_source, solution_str, ground_truth, extra_info)`` and by keyword with those names
+    (verl's reward managers pass keywords). Extra parameters need defaults; ``*args`` / ``**kwargs``
+    absorb anything. Callables whose signature Python cannot read (some C extensions) are accepted.
+
+    Args:
+        spec: As :func:`load_reward_fn`.
+
+    Returns:
+        The callable.
+
+    Raises:
+        ValueError: one line naming ``reward.reward_fn``, the problem and the fix (unknown name, import
+            error, missing attribute, not callable, wrong signature).
+    """
+    try:
+        fn = load_reward_fn(spec)
+    except ValueError as err:
+        raise ValueError(f"reward.reward_fn: {err}") from err
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no introspectable signature: only a call could tell
+        return fn
+    for how, bind in (
+        ("positionally", lambda: signature.bind(*_PROBE.values())),
+        ("by keyword", lambda: signature.bind(**_PROBE)),
+    ):
+        try:
+            bind()
+        except TypeError as err:
+            raise ValueError(
+                f"reward.reward_fn={spec!r}: {getattr(fn, '__qualname__', spec)}{signature} cannot be called "
+                f"{how} with (data_source, solution_str, ground_truth, extra_info): {err}; define it as "
+                "def fn(data_source, solution_str, ground_truth, extra_info=None) -> float | dict."
+            ) from err
+    return fn
+
+
+def build_reward_fn(
+    spec: str,
+    *,
+    max_response_length: int,
+    overlong_buffer_len: int | None = None,
+    overlong_penalty_factor: float = 1.0,
+) -> RewardFn:
+    """The reward function the trainer calls: :func:`check_reward_fn`, optionally with the overlong penalty.
+
+    Args:
+        spec: ``reward.reward_fn``.
+        max_response_length: ``rollout.max_new_tokens`` (L_max of the penalty).
+        overlong_buffer_len: ``reward.overlong_buffer.len`` when ``reward.overlong_buffer.enable``, else None.
+        overlong_penalty_factor: ``reward.overlong_buffer.penalty_factor``.
+
+    Raises:
+        ValueError: as :func:`check_reward_fn`, or on a buffer outside ``1..max_response_length``.
+    """
+    fn = check_reward_fn(spec)
+    if overlong_buffer_len is None:
+        return fn
+    return OverlongPenalty(
+        fn,
+        max_response_length=max_response_length,
+        buffer_len=overlong_buffer_len,
+        penalty_factor=overlong_penalty_factor,
+    )

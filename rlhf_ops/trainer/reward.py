@@ -11,7 +11,20 @@ import torch
 
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.rewards import RewardFn, compute_token_level_scores
+from rlhf_ops.rewards.length import RESPONSE_LENGTH_KEY
 from rlhf_ops.trainer.roles import RewardModel
+
+
+def row_extra_infos(data: DataProto) -> list[dict[str, Any]]:
+    """Each row's ``extra_info`` (a copy; ``{}`` when the data has none) plus ``"response_length"``.
+
+    ``response_length`` is the row's count of valid response tokens; length-aware rewards (the overlong
+    penalty) read it from here, as verl's reward managers pass ``valid_response_length``.
+    """
+    lengths = data.tensors["response_mask"].sum(-1).tolist()
+    infos = data.non_tensor_batch.get("extra_info")
+    rows = [None] * len(lengths) if infos is None else list(infos)
+    return [{**(info or {}), RESPONSE_LENGTH_KEY: int(n)} for info, n in zip(rows, lengths, strict=True)]
 
 
 def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
@@ -43,6 +56,7 @@ class RewardStage:
                 data_sources=list(data.non_tensor_batch["data_source"]),
                 ground_truths=list(data.non_tensor_batch["ground_truth"]),
                 reward_fn=self.reward_fn,
+                extra_infos=row_extra_infos(data),
             )
             scores = scores + rule
         if self.reward_model is not None:
