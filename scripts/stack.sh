@@ -113,7 +113,20 @@ prepare_context() {
   if [ -x .venv/bin/python ]; then
     .venv/bin/python -m pip freeze --exclude-editable 2>/dev/null \
       | grep -v -e ' @ ' -e '^rlhf-ops=' -e '^-e ' -e '^packaging=' >"$cons.new" || true
-    if [ -s "$cons.new" ] && ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; else rm -f "$cons.new"; fi
+    # Only a complete environment: a freeze taken while the virtualenv is being (re)built pins whatever is half
+    # installed (seen here: libcst 1.0.1 against Airflow's >=1.8.2), and every image build would fail on it.
+    local broken
+    # (torchvision / torchaudio / torchcodec are removed on purpose, see setup_env.sh.)
+    broken=$(.venv/bin/python -m pip check 2>&1 | grep -v -e '^rlhf-ops ' -e '^No broken' -e torchvision -e torchaudio \
+      -e torchcodec || true)
+    if [ -z "$broken" ] && grep -q '^apache-airflow==' "$cons.new" && grep -q '^torch==' "$cons.new" \
+        && grep -q '^ray==' "$cons.new"; then
+      if ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; fi
+    else
+      log "the virtualenv looks incomplete (pip check); building without its versions as constraints"
+      rm -f "$cons"
+    fi
+    rm -f "$cons.new"
   fi
 }
 
