@@ -90,6 +90,7 @@ COPY plugins ./plugins
 COPY --chown=${RAY_UID}:0 dags/ /opt/airflow/dags/
 COPY --chown=${RAY_UID}:0 plugins/ /opt/airflow/plugins/
 # (cd / first: the import check must not run in the folder it just deleted.)
+# hadolint ignore=DL3003
 RUN pip install --no-deps . \
     && cd / && rm -rf /opt/rlhf/src \
     && python -c "import rlhf_ops.config, rlhf_ops.storage, rlhf_ops.tracking.mlflow_tracking, workers, rlhf_airflow"
