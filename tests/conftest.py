@@ -51,3 +51,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from rlhf_ops.models.tiny import build_tiny_model_dir
 
     return str(build_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The built-in tiny LLaVA-style VLM and its processor, built once per session."""
+    from rlhf_ops.models.tiny_vlm import build_tiny_vlm_dir
+
+    return str(build_tiny_vlm_dir(tmp_path_factory.mktemp("models") / "tiny-vlm"))

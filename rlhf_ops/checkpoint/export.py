@@ -11,6 +11,9 @@ LoRA: a checkpoint of a PEFT model (names ``base_model.model.…``, ``….lora_A
 merged: ``W = W_base + (B @ A) * scaling`` per active adapter, with the scalings the checkpoint recorded
 in ``<ckpt>/<role>/lora_scaling.json`` (PEFT's ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), summed in
 float32; ``modules_to_save`` copies replace their originals. DoRA and LoRA on embeddings are refused.
+
+Tied embeddings (``tie_word_embeddings``, e.g. SmolLM2, Qwen2.5-0.5B): the export holds the embedding once and
+reloads with ``lm_head.weight`` tied to it, as the base model did.
 """
 
 from __future__ import annotations
@@ -107,13 +110,20 @@ def _check_checkpoint(ckpt: Path, role_dir: Path) -> None:
 
 def _build_model(base_model_path: str, weights: dict[str, Tensor], *, trust_remote_code: bool) -> Any:
     """The base model's architecture on the meta device with ``weights`` assigned (strict)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
+
+    from rlhf_ops.models.modality import policy_auto_class
 
     config = AutoConfig.from_pretrained(base_model_path, trust_remote_code=trust_remote_code)
     dtypes = {t.dtype for t in weights.values() if t.is_floating_point()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):  # AutoModelForImageTextToText for a vision-language config
+        model = policy_auto_class(config).from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    tied = _tied_aliases(model, config)
+    weights = dict(weights)
+    for alias, source in tied.items():  # a checkpoint may store a tied tensor once; strict loading wants both
+        if alias not in weights and source in weights:
+            weights[alias] = weights[source]
     try:
         model.load_state_dict(weights, strict=True, assign=True)
     except RuntimeError as exc:
@@ -121,11 +131,24 @@ def _build_model(base_model_path: str, weights: dict[str, Tensor], *, trust_remo
             f"the checkpoint's weights do not fit {base_model_path} ({type(model).__name__}): {exc}. "
             "Pass the base model the run trained (--base-model / model.path)"
         ) from exc
+    if tied:
+        # assign=True gave the head and the embedding separate tensors; re-tie them (the head takes the
+        # embedding, equal after tied training) so save_pretrained writes one tensor and reloads stay tied.
+        model.tie_weights()
     try:
         model.generation_config = GenerationConfig.from_pretrained(base_model_path)
     except OSError:
         log.info("%s has no generation_config.json; exporting the default one", base_model_path)
     return model
+
+
+def _tied_aliases(model: Any, config: Any) -> dict[str, str]:
+    """``{tied name: source name}`` (``{"lm_head.weight": "model.embed_tokens.weight"}``) when the config ties."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return {}
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    return dict(keys) if isinstance(keys, dict) else {}
 
 
 def export_hf_model(
@@ -146,8 +169,8 @@ def export_hf_model(
         out_dir: The folder to create; it appears atomically (temp sibling, then rename).
         base_model_path: Local HF folder of the model the run started from (its config, tokenizer and
             generation config are reused; its weights are not read).
-        role: The role folder to export (a causal LM: ``actor``).
-        tokenizer_path: Tokenizer folder; defaults to ``base_model_path``.
+        role: The role folder to export (a causal LM or vision-language policy: ``actor``).
+        tokenizer_path: Tokenizer (or multimodal processor) folder; defaults to ``base_model_path``.
         verify: Require a committed checkpoint and check every file against ``MANIFEST.json`` first.
             ``CheckpointManager.save`` passes False: it exports before it writes the manifest.
         overwrite: Replace an existing ``out_dir``.
@@ -160,8 +183,7 @@ def export_hf_model(
         ValueError: Not a (complete) checkpoint, ``out_dir`` exists, or weights that do not fit the base model.
         CorruptCheckpointError: A file does not match the manifest.
     """
-    from transformers import AutoTokenizer
-
+    from rlhf_ops.data.images import load_tokenizer_or_processor
     from workers.checkpointing import LORA_SCALING_FILE, read_model_state_dict
 
     ckpt, out = Path(ckpt_dir), Path(out_dir)
@@ -180,7 +202,8 @@ def export_hf_model(
     try:
         model.save_pretrained(tmp)
         tokenizer_dir = tokenizer_path or base_model_path
-        AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=trust_remote_code).save_pretrained(tmp)
+        # A vision-language base model's processor (image processor + tokenizer + chat template) goes along.
+        load_tokenizer_or_processor(tokenizer_dir, trust_remote_code=trust_remote_code).save_pretrained(tmp)
         info = {"checkpoint": str(ckpt.resolve()), "step": parse_step_dir(ckpt.name), "role": role}
         info["lora_merged"] = lora
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")

@@ -1,10 +1,15 @@
 """Prompt datasets for training and validation, and a resumable loader of :class:`DataProto` batches.
 
-Notation: B = prompts in a batch, P = ``max_prompt_length`` of the batch (left padding).
+Notation: B = prompts in a batch, P = ``max_prompt_length`` of the batch (left padding), k = images per
+prompt, C x H x W = one processed image.
 
 Sources are the files ``rlhf prepare-data`` writes (Parquet or JSONL, any fsspec URL), an HF
 ``datasets`` folder, or ``builtin:<toy task>``. Prompts longer than ``max_prompt_length`` tokens are
 dropped here only as a safety net: data prep already routed them to ``rejected.jsonl``.
+
+Vision-language data: rows with an ``images`` column are encoded by the model's processor
+(:func:`rlhf_ops.data.images.encode_multimodal_prompt`), and batches carry ``pixel_values`` (B, k, C, H, W).
+Every row of such a dataset must hold the same number k >= 1 of images (one tensor per batch).
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ class PromptDataset:
     data_sources: list[str]
     num_dropped: int = 0
     extra_infos: list[dict[str, Any]] = field(default_factory=list)  # per row; empty: none
+    pixel_values: list[torch.Tensor] | None = None
+    """Per prompt (k, C, H, W) for image data, else None."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -109,16 +116,28 @@ class PromptDataset:
         apply_chat_template: bool = True,
         toy_rows: int = 512,
         seed: int = 0,
+        processor: Any | None = None,
     ) -> PromptDataset:
+        """Reads and tokenises ``urls``; ``processor`` (a multimodal processor) encodes rows with ``images``."""
         ids, raws, truths, sources, infos, dropped = [], [], [], [], [], 0
+        pixels: list[torch.Tensor] = []
         for i, url in enumerate(urls):
             for row in read_rows(url, toy_rows=toy_rows, seed=seed + i):
                 if prompt_key not in row:
                     raise ValueError(f"data: a row of {url} has no column {prompt_key!r}; set data.prompt_key")
-                tokens = encode_prompt(row[prompt_key], tokenizer, apply_chat_template=apply_chat_template)
+                if row.get("images") is not None and len(row["images"]) > 0:
+                    from rlhf_ops.data.images import encode_multimodal_prompt
+
+                    tokens, pixel_values = encode_multimodal_prompt(
+                        row[prompt_key], row["images"], processor, apply_chat_template=apply_chat_template
+                    )
+                else:
+                    tokens = encode_prompt(row[prompt_key], tokenizer, apply_chat_template=apply_chat_template)
+                    pixel_values = torch.zeros(0)
                 if len(tokens) > max_prompt_length:
                     dropped += 1
                     continue
+                pixels.append(pixel_values)
                 ids.append(tokens)
                 raws.append(row[prompt_key])
                 truths.append(row_ground_truth(row, ground_truth_key))
@@ -129,7 +148,15 @@ class PromptDataset:
                 f"data: no usable prompt in {list(urls)} ({dropped} over data.max_prompt_length="
                 f"{max_prompt_length}); raise data.max_prompt_length or fix the files"
             )
-        return cls(ids, raws, truths, sources, dropped, infos)
+        shapes = {tuple(p.shape) for p in pixels}
+        if shapes == {(0,)}:
+            return cls(ids, raws, truths, sources, dropped, infos)
+        if len(shapes) != 1:
+            raise ValueError(
+                f"data: image rows must all hold the same number and size of images (found pixel_values shapes "
+                f"{sorted(shapes)[:4]}); a batch is one (B, k, C, H, W) tensor: fix the files' images columns"
+            )
+        return cls(ids, raws, truths, sources, dropped, infos, pixel_values=pixels)
 
     def batch(self, indices: Sequence[int], *, pad_token_id: int, uid_prefix: str) -> DataProto:
         """The prompts at ``indices`` as a left-padded batch ``input_ids`` (B, P) with masks and uids."""
@@ -140,12 +167,15 @@ class PromptDataset:
             extra["extra_info"][:] = [self.extra_infos[i] for i in indices]
         input_ids = pad_sequences_left(seqs, pad_value=pad_token_id)
         attention_mask = pad_sequences_left([[1] * len(s) for s in seqs], pad_value=0)
+        tensors = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": compute_position_ids(attention_mask),
+        }
+        if self.pixel_values is not None:
+            tensors["pixel_values"] = torch.stack([self.pixel_values[i] for i in indices])  # (B, k, C, H, W)
         return DataProto.from_dict(
-            tensors={
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "position_ids": compute_position_ids(attention_mask),
-            },
+            tensors=tensors,
             non_tensors={
                 "uid": np.array([f"{uid_prefix}-{i}" for i in indices], dtype=object),
                 "raw_prompt": np.array([self.raw_prompts[i] for i in indices] + [None], dtype=object)[:-1],

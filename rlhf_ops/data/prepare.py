@@ -3,9 +3,14 @@
 Output of one run, under ``<out_url>/<run_id>/``::
 
     train.parquet, val.parquet  prompt (str or [{role, content}]), ground_truth, data_source, extra_info (JSON
-                                str), prompt_num_tokens (int64)
+                                str), ability, reward_model ({ground_truth, style}), prompt_num_tokens (int64),
+                                and images (list<binary>) for image data
     rejected.jsonl              {"row_index", "source", "kind", "reason", "row" (truncated repr)} per rejected row
     manifest.json               written last (no manifest, no prepared data): spec, counts, reasons, sha256s
+
+verl's Parquet layout is read as is (``prompt`` as chat messages, ``reward_model.ground_truth``,
+``data_source``, ``extra_info``, ``ability``) and written back in both layouts: ``ground_truth`` at the top
+for our trainer, ``reward_model: {ground_truth, style}`` and ``ability`` for verl's readers.
 
 ``prompt_num_tokens`` comes from the trainer's own :func:`rlhf_ops.data.dataset.encode_prompt`, so the
 trainer never drops an accepted prompt. The split hashes ``seed`` and the raw prompt (before template and system
@@ -46,7 +51,8 @@ from rlhf_ops.storage.stores import redact_url as _redact
 
 logger = logging.getLogger(__name__)
 
-FIELDS = ("prompt", "ground_truth", "data_source", "extra_info")
+FIELDS = ("prompt", "ground_truth", "data_source", "extra_info", "ability")
+IMAGES_FIELD = "images"  # optional: encoded images, one "<image>" placeholder each (rlhf_ops.data.images)
 TRAIN_FILE, VAL_FILE, REJECTED_FILE, MANIFEST_FILE = "train.parquet", "val.parquet", "rejected.jsonl", "manifest.json"
 _URLS = {"train_url": TRAIN_FILE, "val_url": VAL_FILE, "rejected_url": REJECTED_FILE, "manifest_url": MANIFEST_FILE}
 BUILTIN_TOY_ROWS = 512  # rows of a builtin toy source without ``limit`` (DataConfig.toy_rows' default)
@@ -92,8 +98,10 @@ class PrepareSpec(BaseModel):
     @field_validator("field_map")
     @classmethod
     def _known_fields(cls, value: dict[str, str]) -> dict[str, str]:
-        if set(value) - set(FIELDS) or not all(value.values()):
-            raise ValueError(f"field_map={value}: map only {list(FIELDS)}, each to a source column or dotted path")
+        if set(value) - {*FIELDS, IMAGES_FIELD} or not all(value.values()):
+            raise ValueError(
+                f"field_map={value}: map only {[*FIELDS, IMAGES_FIELD]}, each to a source column or dotted path"
+            )
         return value
 
     @model_validator(mode="after")
@@ -139,7 +147,8 @@ class _Candidate:
     split: str | None  # "val" for val_source rows; None: the hash decides
     split_key: str  # the raw prompt as text
     prompt: Prompt
-    columns: dict[str, str]  # ground_truth, data_source, extra_info
+    columns: dict[str, Any]  # ground_truth, data_source, extra_info, ability, reward_model
+    images: list[bytes] | None = None  # encoded images, each checked to decode
 
 
 def _open_fs(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -272,12 +281,31 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
     prompt = _format_prompt(value, spec)
     verl = "ground_truth" not in spec.field_map and "ground_truth" not in row  # verl nests it in reward_model
     gt_path = _VERL_GROUND_TRUTH if verl else fields["ground_truth"]
-    columns = {
+    columns: dict[str, Any] = {
         "ground_truth": _scalar(row, gt_path, "ground_truth", ""),
         "data_source": _scalar(row, fields["data_source"], "data_source", default_source),
         "extra_info": _extra_info(row, fields["extra_info"]),
+        "ability": _scalar(row, fields["ability"], "ability", ""),
     }
-    return _Candidate(raw, split, key, prompt, columns)
+    # verl's reward_model column, kept so verl reads the output too; "rule": scored by a rule function.
+    columns["reward_model"] = {
+        "ground_truth": columns["ground_truth"],
+        "style": _scalar(row, "reward_model.style", "reward_model.style", "rule"),
+    }
+    return _Candidate(raw, split, key, prompt, columns, _images(row, spec, prompt))
+
+
+def _images(row: Row, spec: PrepareSpec, prompt: Prompt) -> list[bytes] | None:
+    """The row's images (None without any); an undecodable image or a placeholder mismatch rejects the row."""
+    from rlhf_ops.data.images import ImageError, validate_images
+
+    value = _lookup(row, spec.field_map.get(IMAGES_FIELD, IMAGES_FIELD))
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    try:
+        images = validate_images(None if value is _MISSING else value, prompt_text=text)
+    except ImageError as exc:
+        raise _Reject("bad_image", str(exc)) from None
+    return images or None
 
 
 def _rejection(raw: _Raw, reject: _Reject) -> Row:
@@ -305,7 +333,14 @@ def _tokenize(
 ) -> tuple[list[tuple[_Candidate, Row]], list[Row], bool]:
     """(accepted (candidate, output row), rejected records in source order, whether prompts are chat)."""
     from rlhf_ops.data.dataset import encode_prompt
+    from rlhf_ops.data.images import encode_multimodal_prompt, is_processor
 
+    has_images = any(getattr(c, "images", None) for c in items)  # then every output row gets the column
+    if has_images and not is_processor(tokenizer):
+        raise ValueError(
+            "source rows have images but the tokenizer has no image processor; pass the vision-language model's "
+            "directory (--tokenizer, e.g. builtin:tiny-vlm) so image tokens are counted like in training"
+        )
     # One Parquet type per column: "auto" keeps text only if every prompt is text (a mix is written as chat).
     as_chat = spec.prompt_format == "chat" or any(isinstance(getattr(c, "prompt", ""), list) for c in items)
     accepted, rejected = [], []
@@ -319,7 +354,13 @@ def _tokenize(
         if isinstance(prompt, list) and spec.system_prompt is not None and all(m["role"] != "system" for m in prompt):
             prompt = [{"role": "system", "content": spec.system_prompt}, *prompt]
         try:
-            n = len(encode_prompt(prompt, tokenizer, apply_chat_template=spec.apply_chat_template))
+            if item.images:
+                ids, _ = encode_multimodal_prompt(
+                    prompt, item.images, tokenizer, apply_chat_template=spec.apply_chat_template
+                )
+                n = len(ids)  # placeholders expanded to the model's image tokens, as the trainer counts them
+            else:
+                n = len(encode_prompt(prompt, tokenizer, apply_chat_template=spec.apply_chat_template))
         except Exception as exc:  # a chat template may raise on a message shape it does not support
             rejected.append(_rejection(item.raw, _Reject("tokenize_error", f"{type(exc).__name__}: {exc}")))
             continue
@@ -327,7 +368,8 @@ def _tokenize(
             reason = f"prompt has {n} tokens > max_prompt_length={spec.max_prompt_length}"
             rejected.append(_rejection(item.raw, _Reject("too_long", reason)))
             continue
-        accepted.append((item, {"prompt": prompt, **item.columns, "prompt_num_tokens": n}))
+        images = {IMAGES_FIELD: item.images or []} if has_images else {}
+        accepted.append((item, {"prompt": prompt, **item.columns, "prompt_num_tokens": n, **images}))
     return accepted, rejected, as_chat
 
 
@@ -363,10 +405,14 @@ def _check_quality(spec: PrepareSpec, rejected: list[Row], num_read: int, num_tr
     )
 
 
-def _parquet_bytes(rows: list[Row], *, as_chat: bool) -> bytes:
+def _parquet_bytes(rows: list[Row], *, as_chat: bool, with_images: bool = False) -> bytes:
     message = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     columns = [("prompt", message if as_chat else pa.string())]
-    columns += [(name, pa.string()) for name in FIELDS[1:]] + [("prompt_num_tokens", pa.int64())]
+    columns += [(name, pa.string()) for name in FIELDS[1:]]
+    columns += [("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())]))]
+    columns += [("prompt_num_tokens", pa.int64())]
+    if with_images:
+        columns.append((IMAGES_FIELD, pa.list_(pa.binary())))
     sink = pa.BufferOutputStream()
     pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema(columns)), sink)  # no pandas metadata, no time
     return bytes(sink.getvalue().to_pybytes())
@@ -452,7 +498,8 @@ def prepare_dataset(
         _remove(fs, f"{run_dir}/{TRAIN_FILE}", f"{run_dir}/{VAL_FILE}")  # a previous attempt's, now stale
         raise
     for name, rows in ((TRAIN_FILE, train), (VAL_FILE, val)):
-        files[name] = (_parquet_bytes(rows, as_chat=as_chat), len(rows))
+        with_images = any(IMAGES_FIELD in row for _, row in accepted)
+        files[name] = (_parquet_bytes(rows, as_chat=as_chat, with_images=with_images), len(rows))
         _write_bytes(fs, f"{run_dir}/{name}", files[name][0])
     counts = {"rows_read": len(items), "train": len(train), "val": len(val), "rejected": len(rejected)}
     fmt = "chat" if as_chat else "text"
@@ -485,11 +532,10 @@ def prepare_from_args(args: argparse.Namespace) -> int:
         options = {k: v for k, v in vars(args).items() if k in PrepareSpec.model_fields and v is not None}
         options.update(field_map={o: t for o, _, t in pairs}, apply_chat_template=not args.no_chat_template)
         spec = PrepareSpec(**options)
-        from transformers import AutoTokenizer
-
+        from rlhf_ops.data.images import load_tokenizer_or_processor
         from rlhf_ops.models.resolve import resolve_model_path
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.tokenizer))
+        tokenizer = load_tokenizer_or_processor(resolve_model_path(args.tokenizer))  # a VLM's: its processor
         result = prepare_dataset(spec, out_url=args.out, run_id=args.run_id, tokenizer=tokenizer)
     except ValueError as exc:  # also pydantic's ValidationError
         print(f"error: {exc}", file=sys.stderr)

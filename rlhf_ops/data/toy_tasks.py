@@ -13,6 +13,9 @@ Tasks:
         "answer with a digit", the right digit rises above chance more slowly.
     ``add_digits`` (``data_source="toy/add_digits"``): prompt ``"2+5="`` → answer ``"7"`` (a, b in 0..9,
         so answers have one or two digits). Exact answers suit accuracy and pass@k evaluation.
+    ``color_name`` (``data_source="toy/color_name"``, vision-language): a 16 x 16 solid-colour PNG in the
+        row's ``images`` and the prompt ``"<image>colour?"`` → the colour word (``red``, ``green``, ``blue``,
+        ``yellow``; :mod:`rlhf_ops.data.images`). Only the image tells the colours apart.
     ``gsm8k_synth`` / ``gsm8k_synth_test`` (``data_source="synth/gsm8k"``): word problems in GSM8K's
         format for real (pretrained) models, train and held-out splits; rows in verl's layout, see
         :mod:`rlhf_ops.data.gsm8k_synth` (not in :data:`TOY_TASKS`: they need a real tokenizer).
@@ -52,7 +55,16 @@ TOY_TASKS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
 }
 # builtin name -> split of the GSM8K-format generator (rows in verl's layout)
 GSM8K_SYNTH_SPLITS: dict[str, Split] = {"gsm8k_synth": "train", "gsm8k_synth_test": "test"}
-BUILTIN_TASKS = (*TOY_TASKS, *GSM8K_SYNTH_SPLITS)
+BUILTIN_TASKS = (*TOY_TASKS, "color_name", *GSM8K_SYNTH_SPLITS)  # color_name: IMAGE_TOY_TASKS
+
+
+def _image_tasks() -> dict[str, Callable[[random.Random], tuple[str, str, str, list[bytes]]]]:
+    from rlhf_ops.data.images import color_name_row  # PIL only for the image task
+
+    return {"color_name": color_name_row}
+
+
+IMAGE_TOY_TASKS = ("color_name",)
 
 
 def make_toy_dataset(name: str, *, num_rows: int, seed: int, chat: bool = True) -> list[dict[str, Any]]:
@@ -60,6 +72,7 @@ def make_toy_dataset(name: str, *, num_rows: int, seed: int, chat: bool = True) 
 
     Args:
         name: A key of :data:`TOY_TASKS` (``"copy_digit"`` or ``"add_digits"``) or of
+            :data:`IMAGE_TOY_TASKS` (``"color_name"``, whose rows also hold ``images``: [PNG bytes]) or of
             :data:`GSM8K_SYNTH_SPLITS` (``"gsm8k_synth"``, ``"gsm8k_synth_test"``).
         num_rows: Number of rows (>= 1).
         seed: Seed of the row generator (``random.Random``; global RNGs are untouched).
@@ -67,24 +80,31 @@ def make_toy_dataset(name: str, *, num_rows: int, seed: int, chat: bool = True) 
             verl datasets store it); if False, the plain text.
 
     Returns:
-        Rows ``{"prompt", "ground_truth", "data_source"}`` (GSM8K tasks: verl's layout, see
-        :func:`rlhf_ops.data.gsm8k_synth.make_gsm8k_synth`).
+        Rows ``{"prompt", "ground_truth", "data_source"}`` (+ ``"images"`` for an image task; GSM8K tasks:
+        verl's layout, see :func:`rlhf_ops.data.gsm8k_synth.make_gsm8k_synth`).
 
     Raises:
         ValueError: on an unknown ``name`` or ``num_rows < 1``.
     """
     if name in GSM8K_SYNTH_SPLITS:
         return make_gsm8k_synth(GSM8K_SYNTH_SPLITS[name], num_rows=num_rows, seed=seed, chat=chat)
-    if name not in TOY_TASKS:
+    if name not in TOY_TASKS and name not in IMAGE_TOY_TASKS:
         raise ValueError(f"Unknown builtin task name={name!r}; choose one of {sorted(BUILTIN_TASKS)}.")
     if num_rows < 1:
         raise ValueError(f"num_rows={num_rows} must be >= 1.")
     rng = random.Random(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    image_task = _image_tasks()[name] if name in IMAGE_TOY_TASKS else None
     for _ in range(num_rows):
-        text, truth, source = TOY_TASKS[name](rng)
+        images: list[bytes] | None = None
+        if image_task is not None:
+            text, truth, source, images = image_task(rng)
+        else:
+            text, truth, source = TOY_TASKS[name](rng)
         prompt: str | list[dict[str, str]] = [{"role": "user", "content": text}] if chat else text
         rows.append({"prompt": prompt, "ground_truth": truth, "data_source": source})
+        if images is not None:
+            rows[-1]["images"] = images
     return rows
 
 

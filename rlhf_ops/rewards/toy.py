@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlhf_ops.data.images import COLOR_NAME_SOURCE
 from rlhf_ops.data.toy_tasks import ADD_DIGITS_SOURCE, COPY_DIGIT_SOURCE
 
 _LEADING_NUMBER = re.compile(r"\d+")
@@ -59,7 +60,31 @@ def add_digits_score(
     return shaped_answer_score(solution_str, ground_truth)
 
 
-_BY_SOURCE = {COPY_DIGIT_SOURCE: copy_digit_score, ADD_DIGITS_SOURCE: add_digits_score}
+def color_name_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Reward of ``color_name`` (a solid-colour image → its colour word, e.g. ``"red"``).
+
+    1.0 for exactly the word; 0.5 x (characters of the word the response starts with) / (word length)
+    otherwise, so ``"r"`` scores 1/6 and ``"redx"`` 0.5 for ``"red"``. Every credited character is the
+    image's own word: a policy that ignores the image cannot collect it for more than one colour. ``acc``
+    (the response starts with the word) and ``initial_acc`` (its first letter is the word's) are unshaped.
+    """
+    prefix = 0
+    for got, want in zip(solution_str, ground_truth, strict=False):
+        if got != want:
+            break
+        prefix += 1
+    score = 1.0 if solution_str == ground_truth else 0.5 * prefix / max(len(ground_truth), 1)
+    acc = float(bool(ground_truth) and solution_str.startswith(ground_truth))
+    return {"score": score, "acc": acc, "initial_acc": float(prefix > 0)}
+
+
+_BY_SOURCE = {
+    COPY_DIGIT_SOURCE: copy_digit_score,
+    ADD_DIGITS_SOURCE: add_digits_score,
+    COLOR_NAME_SOURCE: color_name_score,
+}
 
 
 def toy_compute_score(

@@ -6,7 +6,8 @@ positions predicting response tokens (remove-padding path).
 The logit at column t predicts the token at column t + 1, so responses (columns T - R .. T - 1) are
 predicted by columns T - R - 1 .. T - 2, i.e. ``logits[:, -R - 1 : -1]``. Only those positions go
 through the LM head (``logits_to_keep``), which skips the prompt's share of the (b, T, V) logits. The
-logits are cast to fp32 before the temperature division and the log-softmax.
+logits are cast to fp32 chunk by chunk before the temperature division and the log-softmax
+(``rlhf_ops.algorithms.logprobs_and_entropy``).
 
 Ulysses sequence parallelism (``sp_group`` of size sp > 1, remove-padding path only): each rank of the
 group forwards its slice of the packed row (``workers.sp.shard_packed``), computes the log-probs of the kept
@@ -17,11 +18,10 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlhf_ops.algorithms import entropy_from_logits, logprobs_from_logits
+from rlhf_ops.algorithms import logprobs_and_entropy
 from workers.sp.ulysses import shard_packed, sp_world_size, ulysses_sequence_parallel
 from workers.utils.remove_padding import PackedBatch, pack_sequences, scatter_response
 
@@ -42,17 +42,21 @@ def _response_logits(
     response_length: int,
     use_remove_padding: bool,
     keep_logits: bool,
+    pixel_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, PackedBatch | None]:
     """(logits of the predicting positions, their labels, packing info or None)."""
+    media: dict[str, Tensor] = {} if pixel_values is None else {"pixel_values": pixel_values.flatten(0, 1)}
     if use_remove_padding:
         packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
         extra: dict[str, Tensor | int] = {"logits_to_keep": packed.keep} if keep_logits else {}
+        extra.update(media)
         out = module(
             input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False, **extra
         )
         logits = out.logits[0] if keep_logits else out.logits[0, packed.keep]  # (K, V)
         return logits, packed.labels, packed
     extra = {"logits_to_keep": response_length + 1} if keep_logits else {}  # (b, R + 1, V)
+    extra.update(media)
     out = module(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **extra
     )
@@ -63,17 +67,15 @@ def _response_logits(
 def _token_log_probs(
     logits: Tensor, labels: Tensor, *, temperature: float, calculate_entropy: bool, entropy_requires_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of ``labels`` (...,) under ``logits`` (..., V), and the entropy when asked (both fp32)."""
-    logits = logits.float() / temperature  # fp32 BEFORE log-softmax: bf16 logits lose ~3 digits of the ratio
-    log_probs = logprobs_from_logits(logits, labels)
-    entropy: Tensor | None = None
-    if calculate_entropy:
-        if entropy_requires_grad:
-            entropy = entropy_from_logits(logits)
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
-    return log_probs, entropy
+    """Log-probs of ``labels`` (...,) under ``logits`` (..., V), and the entropy when asked (both fp32).
+
+    One fused chunked pass (``logprobs_and_entropy``): fp32 per chunk BEFORE the log-softmax (bf16 logits
+    lose ~3 digits of the ratio), and no (..., V) fp32 copy of the logits kept for the backward.
+    """
+    log_probs, entropy = logprobs_and_entropy(logits, labels, temperature=temperature)
+    if not calculate_entropy:
+        return log_probs, None
+    return log_probs, entropy if entropy_requires_grad else entropy.detach()
 
 
 def _sp_packed_log_probs(
@@ -121,6 +123,7 @@ def response_log_probs(
     use_remove_padding: bool = False,
     keep_logits: bool = True,
     sp_group: dist.ProcessGroup | None = None,
+    pixel_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) of the response tokens of one micro-batch.
 
@@ -139,6 +142,7 @@ def response_log_probs(
         sp_group: Ulysses group; with > 1 rank all its ranks call with the same micro-batch, the forward is
             packed, the model needs ``enable_ulysses_attention``, and with activation checkpointing a
             ``ulysses_sequence_parallel`` block must stay open around the backward (recomputed attention).
+        pixel_values: (b, k, C, H, W) images of a vision-language policy (not with Ulysses), else None.
 
     Returns:
         ``(log_probs (b, R) fp32, entropy (b, R) fp32 or None)``. Columns outside the response mask hold
@@ -146,6 +150,11 @@ def response_log_probs(
     """
     stats = {"calculate_entropy": calculate_entropy, "entropy_requires_grad": entropy_requires_grad}
     if sp_world_size(sp_group) > 1:  # Ulysses always shards the packed row (use_remove_padding implied)
+        if pixel_values is not None:
+            raise ValueError(
+                "actor.ulysses_sequence_parallel_size > 1 does not shard image tokens; set it to 1 for a "
+                "vision-language policy"
+            )
         packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
         log_probs, entropy = _sp_packed_log_probs(
             module, packed, sp_group=sp_group, keep_logits=keep_logits, temperature=temperature, **stats
@@ -159,6 +168,7 @@ def response_log_probs(
             response_length=response_length,
             use_remove_padding=use_remove_padding,
             keep_logits=keep_logits,
+            pixel_values=pixel_values,
         )
         log_probs, entropy = _token_log_probs(logits, labels, temperature=temperature, **stats)
         if maybe_packed is None:

@@ -23,6 +23,8 @@ from transformers import (
     PreTrainedModel,
 )
 
+from rlhf_ops.models.modality import policy_auto_class
+
 ModelKind = Literal["causal_lm", "value", "sequence_classification"]
 
 __all__ = ["ModelKind", "find_decoder_blocks", "load_hf_model", "load_hf_config"]
@@ -65,7 +67,9 @@ def load_hf_model(
     """Loads (or, with ``meta``, only builds) one HF model for an FSDP role.
 
     Kinds:
-        ``causal_lm``: ``AutoModelForCausalLM`` (policy and reference); logits (B, T, V).
+        ``causal_lm``: ``AutoModelForCausalLM`` (policy and reference); logits (B, T, V). A vision-language
+            config (``vision_config`` set, e.g. LLaVA) loads with ``AutoModelForImageTextToText`` instead
+            (:func:`rlhf_ops.models.modality.policy_auto_class`); its forward also takes ``pixel_values``.
         ``value``: ``AutoModelForTokenClassification`` with ``num_labels=1`` built from the causal-LM config
             (verl's critic): the decoder stack of the checkpoint plus a per-token value head
             ``score = Linear(hidden, 1)``; logits (B, T, 1). Loading a causal-LM directory leaves ``score``
@@ -93,7 +97,8 @@ def load_hf_model(
     """
     config = load_hf_config(path, kind=kind, trust_remote_code=trust_remote_code)
     config.use_cache = False
-    auto_cls = _AUTO_CLASSES[kind]
+    # A vision-language config (one with a vision_config) builds with AutoModelForImageTextToText.
+    auto_cls = policy_auto_class(config) if kind == "causal_lm" else _AUTO_CLASSES[kind]
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     common = {"dtype": torch_dtype, "attn_implementation": attn_implementation, "trust_remote_code": trust_remote_code}
     if meta:

@@ -9,6 +9,10 @@ FSDP2 module needs (each forward all-gathers parameters on every rank). The KV c
 (``use_cache=True`` returns a ``DynamicCache`` in ``past_key_values``), so this works for any HF causal
 LM whose forward takes ``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values``,
 ``use_cache`` and ``logits_to_keep`` (transformers >= 4.45).
+
+Vision-language policies (LLaVA-style): a batch with ``pixel_values`` (B, k, C, H, W) passes them to the
+prefill only (the image features are then in the KV cache) and returns them, repeated like the rows, so
+the actor's log-prob and update forwards see the same images.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ class HFRollout:
         sync_stop: Stop decoding only when every rank's rows have finished (an all-reduce per step), so that
             all ranks run the same number of forwards. None: on iff ``module`` is FSDP2-wrapped and
             ``torch.distributed`` is initialised. All ranks of the default group must then generate together.
+        suppress_token_ids: Ids never sampled (their logits are set to -inf before sampling, and the recorded
+            log-probs come from those logits): a VLM's image placeholder token, which in a response would be
+            read as an image slot by the next forward.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class HFRollout:
         seed: int = 0,
         logprobs_mode: LogprobsMode = "raw",
         sync_stop: bool | None = None,
+        suppress_token_ids: Sequence[int] = (),
     ) -> None:
         if logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode={logprobs_mode!r} must be 'raw' or 'processed'.")
@@ -87,6 +95,7 @@ class HFRollout:
         self.seed = seed
         self.logprobs_mode: LogprobsMode = logprobs_mode
         self._sync_stop = sync_stop
+        self.suppress_token_ids = tuple(int(i) for i in suppress_token_ids)
         self._generator: torch.Generator | None = None
 
     # ------------------------------------------------------------------------------------------- contract
@@ -100,6 +109,8 @@ class HFRollout:
         start = time.perf_counter()
         params = SamplingParams.from_meta(prompts.meta_info, self.defaults)
         input_ids, attention_mask, position_ids = self._prompt_tensors(prompts)
+        assert prompts.batch is not None
+        pixel_values = prompts.batch["pixel_values"] if "pixel_values" in prompts.batch.keys() else None
         if prompts.meta_info.get("global_steps") is not None:
             step = int(prompts.meta_info["global_steps"])
             self._generator = torch.Generator(device=input_ids.device).manual_seed(self.seed * 1_000_003 + step)
@@ -107,11 +118,15 @@ class HFRollout:
             input_ids, attention_mask, position_ids = (
                 t.repeat_interleave(params.n, dim=0) for t in (input_ids, attention_mask, position_ids)
             )
+            if pixel_values is not None:
+                pixel_values = pixel_values.repeat_interleave(params.n, dim=0)
         was_training = self.module.training
         self.module.eval()
         try:
             with torch.no_grad():
-                responses, logprobs = self._decode(input_ids, attention_mask, position_ids, params)
+                responses, logprobs = self._decode(
+                    input_ids, attention_mask, position_ids, params, pixel_values=pixel_values
+                )
         finally:
             self.module.train(was_training)
         response_mask = get_response_mask(responses, eos_token_id=params.eos_ids)
@@ -125,6 +140,8 @@ class HFRollout:
             "rollout_log_probs": logprobs * response_mask,
             **full,
         }
+        if pixel_values is not None:
+            tensors["pixel_values"] = pixel_values
         columns = {k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensor_batch.items()}
         timing = {"generate_sequences": time.perf_counter() - start}
         return DataProto.from_dict(tensors, non_tensors=columns, meta_info={"timing": timing})
@@ -138,7 +155,8 @@ class HFRollout:
         Raises:
             ValueError: on a name the module does not have, or a shape mismatch.
         """
-        targets: dict[str, Tensor] = dict(self.module.named_parameters())
+        # Every name of a tied parameter (lm_head.weight is embed_tokens.weight): the sync sends both.
+        targets: dict[str, Tensor] = dict(self.module.named_parameters(remove_duplicate=False))
         targets.update(dict(self.module.named_buffers()))
         with torch.no_grad():
             for name, value in weights:
@@ -190,12 +208,24 @@ class HFRollout:
 
     def _forward(self, **kwargs: Any) -> tuple[Tensor, Any]:
         out = self.module(use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[:, -1, :], out.past_key_values  # (B, V) next-token logits, the grown cache
+        logits = out.logits[:, -1, :]  # (B, V) next-token logits
+        if self.suppress_token_ids:
+            logits = logits.index_fill(-1, torch.tensor(self.suppress_token_ids, device=logits.device), float("-inf"))
+        return logits, out.past_key_values  # the grown cache
 
     def _decode(
-        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, params: SamplingParams
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        params: SamplingParams,
+        *,
+        pixel_values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Prefill then R single-token steps. Returns responses (B, R) int64 and log-probs (B, R) float32."""
+        """Prefill then R single-token steps. Returns responses (B, R) int64 and log-probs (B, R) float32.
+
+        ``pixel_values`` (B, k, C, H, W) go to the prefill only, flattened to (B * k, C, H, W).
+        """
         batch, length = input_ids.shape[0], params.response_length
         device = input_ids.device
         generator = self._generator_for(device)
@@ -204,7 +234,10 @@ class HFRollout:
         logprobs = torch.zeros((batch, length), dtype=torch.float32, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         next_pos = position_ids[:, -1:] + 1  # (B, 1): left padding puts every prompt's last token in column P-1
-        logits, cache = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        media = {} if pixel_values is None else {"pixel_values": pixel_values.flatten(0, 1)}
+        logits, cache = self._forward(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **media
+        )
         mask = attention_mask
         for step in range(length):
             tokens, token_logprobs = sample_next_tokens(

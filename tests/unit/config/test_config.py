@@ -18,7 +18,7 @@ def _problems(overrides: list[str], preset: str = "tiny-cpu") -> dict[str, str]:
     return {p.key: f"{p.message}. Fix: {p.fix}" for p in info.value.problems}
 
 
-@pytest.mark.parametrize("preset", ["tiny-cpu", "qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu"])
+@pytest.mark.parametrize("preset", ["tiny-cpu", "tiny-vlm-cpu", "qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu"])
 def test_shipped_presets_validate(preset: str) -> None:
     run = load_config(preset)
     assert preset in list_presets()

@@ -77,6 +77,8 @@ def test_jsonl_nested_field_map_chat_with_system_prompt_and_template(tmp_path: P
             "ground_truth": "7",  # the int 7 as text
             "data_source": "toy/copy_digit",
             "extra_info": '{"b": [2], "id": 1}',  # JSON with sorted keys
+            "ability": "",
+            "reward_model": {"ground_truth": "7", "style": "rule"},  # verl's copy of the ground truth
             "prompt_num_tokens": 25,
         }
     ]
@@ -84,13 +86,14 @@ def test_jsonl_nested_field_map_chat_with_system_prompt_and_template(tmp_path: P
 
 
 def test_verl_parquet_layout_with_default_field_map(tmp_path: Path, tokenizer: Any) -> None:
-    # verl's Parquet: chat prompt, answer nested under reward_model, extra_info a struct.
+    # verl's Parquet: chat prompt, answer nested under reward_model, extra_info a struct, ability.
     rows = [
         {
             "prompt": [{"role": "user", "content": "2+5="}],
-            "reward_model": {"style": "rule", "ground_truth": "7"},
+            "reward_model": {"style": "model", "ground_truth": "7"},
             "data_source": "toy/add_digits",
-            "extra_info": {"index": 3},
+            "ability": "math",
+            "extra_info": {"index": 3, "split": "train"},
         }
     ]
     source = tmp_path / "verl.parquet"
@@ -102,10 +105,19 @@ def test_verl_parquet_layout_with_default_field_map(tmp_path: Path, tokenizer: A
             "prompt": [{"role": "user", "content": "2+5="}],
             "ground_truth": "7",
             "data_source": "toy/add_digits",
-            "extra_info": '{"index": 3}',
+            "extra_info": '{"index": 3, "split": "train"}',
+            "ability": "math",
+            "reward_model": {"ground_truth": "7", "style": "model"},
             "prompt_num_tokens": 8,
         }
     ]
+    # The trainer's dataset reads both the raw verl file and the prepared one, extra_info as a dict.
+    for url in (str(source), result.train_url):
+        dataset = PromptDataset.from_sources([url], tokenizer, max_prompt_length=8)
+        assert (dataset.ground_truths, dataset.data_sources) == (["7"], ["toy/add_digits"])
+        assert dataset.extra_infos == [{"index": 3, "split": "train"}]
+        batch = dataset.batch([0, 0], pad_token_id=0, uid_prefix="t")
+        assert list(batch.non_tensor_batch["extra_info"]) == [{"index": 3, "split": "train"}] * 2
 
 
 def test_text_and_chat_formats(tmp_path: Path, tokenizer: Any) -> None:

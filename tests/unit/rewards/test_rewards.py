@@ -42,7 +42,8 @@ def test_toy_dispatches_on_data_source() -> None:
 def test_builtins_and_dotted_paths_resolve() -> None:
     assert load_reward_fn("toy") is toy_compute_score
     assert set(BUILTIN_REWARD_FNS) == {
-        "default", "gsm8k", "gsm8k_flexible", "math", "multiple_choice", "format", "toy", "copy_digit", "add_digits"
+        "default", "gsm8k", "gsm8k_flexible", "math", "multiple_choice", "format", "toy", "copy_digit", "add_digits",
+        "color_name",
     }  # fmt: skip
     assert load_reward_fn("rlhf_ops.rewards.toy:copy_digit_score") is copy_digit_score
     assert load_reward_fn("rlhf_ops.rewards.toy.add_digits_score") is add_digits_score
