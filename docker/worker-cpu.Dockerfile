@@ -89,8 +89,10 @@ COPY plugins ./plugins
 # The Airflow Celery worker of heavy_queue parses the DAG files itself (same folder as the Airflow image's).
 COPY --chown=${RAY_UID}:0 dags/ /opt/airflow/dags/
 COPY --chown=${RAY_UID}:0 plugins/ /opt/airflow/plugins/
+# (cd / first: the import check must not run in the folder it just deleted.)
+# hadolint ignore=DL3003
 RUN pip install --no-deps . \
-    && rm -rf /opt/rlhf/src \
+    && cd / && rm -rf /opt/rlhf/src \
     && python -c "import rlhf_ops.config, rlhf_ops.storage, rlhf_ops.tracking.mlflow_tracking, workers, rlhf_airflow"
 
 # hadolint ignore=DL3064
