@@ -86,7 +86,13 @@ class ModelConfig(_Section):
 
     path: str = Field(..., min_length=1, description="Local HF model directory, or 'builtin:tiny-llama'.")
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to model.path.")
-    dtype: DType = Field("float32", description="Dtype the weights are loaded in (master weights).")
+    dtype: DType = Field(
+        "float32",
+        description=(
+            "Compute dtype of the FSDP roles (bfloat16 = mixed precision: FSDP2 MixedPrecisionPolicy on GPU, "
+            "bf16 autocast on CPU). Master weights and optimizer state stay fp32 (see <role>.fsdp.master_dtype)."
+        ),
+    )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
         "sdpa", description="HF attention kernel; flash_attention_2 needs flash-attn (GPU image)."
     )
@@ -154,10 +160,16 @@ class OptimConfig(_Section):
 
 
 class MixedPrecisionConfig(_Section):
-    """FSDP2 MixedPrecisionPolicy. Losses always see fp32 logits."""
+    """Compute precision of one role (see :mod:`rlhf_ops.config.precision`). Losses always see fp32 logits."""
 
-    param_dtype: DType = Field("float32", description="Dtype of gathered params in forward/backward.")
-    reduce_dtype: DType = Field("float32", description="Dtype of gradient reduce-scatter.")
+    param_dtype: DType | None = Field(
+        None,
+        description=(
+            "Compute dtype of forward/backward; None = model.dtype. On GPU the FSDP2 MixedPrecisionPolicy "
+            "param_dtype (params gathered in it); on CPU bfloat16 means torch.autocast (bf16 matmuls)."
+        ),
+    )
+    reduce_dtype: DType = Field("float32", description="Dtype of the gradient reduce-scatter / all-reduce.")
 
 
 class FSDPConfig(_Section):
@@ -168,6 +180,14 @@ class FSDPConfig(_Section):
     activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
+    master_dtype: DType | None = Field(
+        None,
+        description=(
+            "Dtype of the sharded weights the optimizer steps (and of its state); None = float32 for trained "
+            "roles (actor, critic) and the compute dtype for the reference on GPU. Below float32 on a trained "
+            "role logs a warning: small AdamW updates round to zero."
+        ),
+    )
     hsdp_replicate_size: int = Field(
         1, gt=0, description="HSDP: replicate across this many groups, shard within each (1 = plain FSDP)."
     )
@@ -283,6 +303,15 @@ class ResourcesConfig(_Section):
         gt=0.0,
         description="Ray CPU request per rank (fractional on CPU); its floor (at least 1) is also the rank's "
         "intra-op threads (torch.set_num_threads, OMP_NUM_THREADS).",
+    )
+    gpus_per_worker: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Ray GPU request per rank with device=cuda; below 1 ranks share a GPU (0.5: two per GPU). NCCL refuses "
+            "two ranks on one device, so shared GPUs use gloo (CUDA tensors staged through the host): for checks."
+        ),
     )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
 

@@ -97,6 +97,29 @@ def _check_ppo_sizes(
         )
 
 
+def _check_gpu_share(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    share = run.resources.gpus_per_worker
+    if share >= 1.0:
+        return
+    if run.resources.device != "cuda":
+        problems.append(
+            ConfigProblem(
+                "resources.gpus_per_worker",
+                f"{share} shares GPUs between ranks, but resources.device={run.resources.device}",
+                "set resources.device=cuda, or leave resources.gpus_per_worker at 1",
+            )
+        )
+    if run.rollout.tensor_model_parallel_size > 1:
+        problems.append(
+            ConfigProblem(
+                "rollout.tensor_model_parallel_size",
+                f"{run.rollout.tensor_model_parallel_size} needs one GPU per TP rank (NCCL refuses two ranks on one "
+                f"device), but resources.gpus_per_worker={share} puts ranks on a shared GPU",
+                "set rollout.tensor_model_parallel_size=1, or resources.gpus_per_worker=1",
+            )
+        )
+
+
 def _check_algorithm(run: RunConfig, problems: list[ConfigProblem]) -> None:
     algo = run.algorithm
     if algo.adv_estimator in GROUP_ESTIMATORS and run.rollout.n < 2:
@@ -202,6 +225,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_ppo_sizes("actor", run.actor, run, problems)
     if run.needs_critic:
         _check_ppo_sizes("critic", run.critic, run, problems)
+    _check_gpu_share(run, problems)
     _check_algorithm(run, problems)
     _check_rest(run, problems)
     _check_reward(run, problems)
