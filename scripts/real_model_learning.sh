@@ -6,12 +6,13 @@
 #   before.json / after.json (per-prompt results), gain.json, train.log, checkpoints/.
 # Usage: bash scripts/real_model_learning.sh [extra dotted overrides for rlhf train]
 #   STEPS=40 HELDOUT_PROMPTS=400 OUT_DIR=... bash scripts/real_model_learning.sh
+# An existing $OUT_DIR/before.json is reused (the base model does not change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 source scripts/env.sh
 OUT=${OUT_DIR:-outputs/real_model_learning}
-STEPS=${STEPS:-40}
+STEPS=${STEPS:-30}
 PROMPTS=${HELDOUT_PROMPTS:-400}
 PRESET=smollm2-135m-grpo-cpu
 mkdir -p "$OUT"
@@ -19,8 +20,12 @@ eval_args=(--data builtin:gsm8k_synth_test --reward-fn gsm8k_flexible --max-prom
   --max-new-tokens 96 --max-prompt-length 160 --engine vllm)
 # The eval engine may use both cores; the training ranks set their own threads.
 export OMP_NUM_THREADS=2
-echo "== held-out accuracy before training ($PROMPTS prompts, greedy)"
-.venv/bin/rlhf eval model builtin:smollm2-135m-instruct "${eval_args[@]}" --out "$OUT/before.json" 2>"$OUT/eval_before.log"
+if [ -s "$OUT/before.json" ]; then
+  echo "== held-out accuracy before training: reusing $OUT/before.json"
+else
+  echo "== held-out accuracy before training ($PROMPTS prompts, greedy)"
+  .venv/bin/rlhf eval model builtin:smollm2-135m-instruct "${eval_args[@]}" --out "$OUT/before.json" 2>"$OUT/eval_before.log"
+fi
 echo "== training: $PRESET, $STEPS steps (log: $OUT/train.log)"
 start=$(date +%s)
 OMP_NUM_THREADS=1 .venv/bin/rlhf train --preset "$PRESET" trainer.total_training_steps="$STEPS" \
