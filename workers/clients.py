@@ -39,6 +39,10 @@ class ActorRolloutRefClient:
         result: DataProto = self.group.call(ActorRolloutRefWorker.compute_ref_log_prob, data)
         return result
 
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        result: DataProto = self.group.call(ActorRolloutRefWorker.compute_log_prob, data)
+        return result
+
     def update_actor(self, data: DataProto) -> dict[str, float]:
         return _metrics(self.group.call(ActorRolloutRefWorker.update_actor, data))
 

@@ -6,6 +6,7 @@ processes sharing the bundle's CPUs/GPU by a fractional request.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,10 +52,17 @@ def launch_role_groups(
         [res.nproc_per_node] * res.nnodes,
         use_gpu=res.device == "cuda",
         num_cpus_per_process=res.num_cpus_per_worker,
+        gpus_per_process=res.gpus_per_worker,
         name_prefix=config.trainer.experiment_name,
     )
     share = 1.0 / n_roles
-    backend = "nccl" if res.device == "cuda" else "gloo"
+    # Absolute on the driver: Ray workers may run in another working directory (multi-node: a shared FS).
+    profiling: dict[str, Any] = {
+        "profile_steps": tuple(config.trainer.profile_steps),
+        "profile_dir": os.path.abspath(config.trainer.profile_dir),
+    }
+    # NCCL refuses two ranks on one device ("Duplicate GPU detected"): ranks sharing a GPU talk over gloo.
+    backend = "nccl" if res.device == "cuda" and res.gpus_per_worker >= 1.0 else "gloo"
     groups: list[RayWorkerGroup[Any]] = []
     try:
         role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
@@ -72,6 +80,8 @@ def launch_role_groups(
             eos_token_id=eos_token_id,
             seed=config.trainer.seed,
             device=res.device,
+            num_threads=res.threads_per_worker,
+            **profiling,
         )
         arr = RayWorkerGroup(
             pool,
@@ -94,6 +104,7 @@ def launch_role_groups(
                 total_training_steps=total_training_steps,
                 seed=config.trainer.seed,
                 device=res.device,
+                **profiling,
             )
             critic_group = RayWorkerGroup(
                 pool,

@@ -1,5 +1,8 @@
 """Token log-probs and entropy from logits, in fp32 and chunked over rows to bound peak memory.
 
+:func:`logprobs_and_entropy` is what the actor uses: both in one pass, with a backward that recomputes the
+softmax per chunk, so no (N, V) fp32 intermediate is kept for autograd.
+
 Shape notation: N...: any leading dims (e.g. B, T or a packed total-token dim), V: vocab size.
 Results are fp32 whatever the logits dtype (a bf16 log-softmax keeps ~3 significant digits, too few for
 the PPO ratio). Only one chunk of rows is upcast at a time, so an fp32 copy of the whole (N, V) logits is
@@ -79,3 +82,97 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = 1024) -> Tensor:
     if not pieces:
         return torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)
     return torch.cat(pieces).reshape(logits.shape[:-1])
+
+
+class _FusedLogProbEntropy(torch.autograd.Function):
+    """Log-probs of ``labels`` and entropies of ``softmax(logits / temperature)`` in one chunked pass.
+
+    Saves only the logits (the LM head's output, alive anyway) and three floats per row (row max, shifted
+    ``logsumexp``, entropy); the backward recomputes the softmax one chunk at a time and writes the gradient
+    chunk by chunk into one buffer. The plain path keeps a scaled fp32 copy, a shifted copy per chunk (saved
+    by ``logsumexp``) and, with an entropy bonus, the softmax: 2-4 extra (N, V) fp32 tensors; this keeps none.
+    Logits of -inf (masked vocab entries) are clamped to -1e30 after the shift: p = 0 and p * z = 0 exactly.
+    """
+
+    @staticmethod
+    def _shifted_chunk(logits: Tensor, start: int, end: int, temperature: float, row_max: Tensor) -> Tensor:
+        z = logits[start:end].float() / temperature  # (c, V) fp32, a fresh buffer: safe to modify in place
+        return z.sub_(row_max[start:end].unsqueeze(-1)).clamp_(min=-1e30)
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, logits: Tensor, labels: Tensor, temperature: float, chunk_size: int
+    ) -> tuple[Tensor, Tensor]:
+        n = logits.shape[0]
+        log_probs = torch.empty(n, dtype=torch.float32, device=logits.device)
+        entropy, lse = torch.empty_like(log_probs), torch.empty_like(log_probs)
+        row_max = torch.empty_like(log_probs)
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            row_max[start:end] = logits[start:end].max(dim=-1).values.float() / temperature
+            z = _FusedLogProbEntropy._shifted_chunk(logits, start, end, temperature, row_max)  # max 0: exp <= 1
+            e = torch.exp(z)
+            total = e.sum(dim=-1)  # (c,) >= 1
+            lse[start:end] = torch.log(total)
+            # H = lse - sum(p * z) with p = e / total; the shift leaves both terms' difference unchanged.
+            entropy[start:end] = lse[start:end] - (e * z).sum(dim=-1) / total
+            log_probs[start:end] = z.gather(-1, labels[start:end].unsqueeze(-1)).squeeze(-1) - lse[start:end]
+        ctx.save_for_backward(logits, labels, row_max, lse, entropy)
+        ctx.set_materialize_grads(False)  # a detached (metric-only) entropy then reaches backward as None
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size  # type: ignore[attr-defined]
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_log_probs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor, None, None, None]:
+        logits, labels, row_max, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature, chunk_size = ctx.temperature, ctx.chunk_size  # type: ignore[attr-defined]
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], chunk_size):
+            end = min(start + chunk_size, logits.shape[0])
+            log_p = _FusedLogProbEntropy._shifted_chunk(logits, start, end, temperature, row_max)
+            log_p.sub_(lse[start:end].unsqueeze(-1))  # (c, V) log p
+            probs = torch.exp(log_p)
+            g = torch.zeros_like(log_p)
+            if grad_entropy is not None:  # dH / dz_k = -p_k (log p_k + H)
+                g.sub_(probs * (log_p + entropy[start:end].unsqueeze(-1)) * grad_entropy[start:end].unsqueeze(-1))
+            if grad_log_probs is not None:  # d log p_y / dz_k = 1[k = y] - p_k
+                gl = grad_log_probs[start:end].unsqueeze(-1)
+                g.sub_(probs * gl).scatter_add_(-1, labels[start:end].unsqueeze(-1), gl)
+            grad[start:end] = g.div_(temperature)
+        return grad, None, None, None
+
+
+def logprobs_and_entropy(
+    logits: Tensor, labels: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> tuple[Tensor, Tensor]:
+    """Log-probs of ``labels`` and the entropy under ``softmax(logits / temperature)``, fused and chunked.
+
+    Equal to ``log_softmax(logits.float() / temperature)`` gathered at ``labels`` and to its entropy (within
+    fp32 rounding), with gradients for both, but without materialising any (N, V) fp32 copy of the logits
+    beyond one chunk (see :class:`_FusedLogProbEntropy`). Detach the entropy when it is only a metric.
+
+    Args:
+        logits: (N..., V), any float dtype.
+        labels: (N...) token ids, integer dtype.
+        temperature: Logits are divided by it (in fp32) before the softmax.
+        chunk_size: Rows (flattened leading positions) upcast at once.
+
+    Returns:
+        ``(log_probs, entropy)``, both (N...) fp32; differentiable w.r.t. ``logits``.
+    """
+    _check_chunk(chunk_size)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab dim, "
+            f"{tuple(logits.shape[:-1])}."
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (logits are divided by it), got {temperature}.")
+    flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    if flat.shape[0] == 0:
+        zeros = torch.zeros(labels.shape, dtype=torch.float32, device=logits.device)
+        return zeros, zeros.clone()
+    log_probs, entropy = _FusedLogProbEntropy.apply(flat, labels.reshape(-1).long(), float(temperature), chunk_size)
+    return log_probs.reshape(labels.shape), entropy.reshape(labels.shape)

@@ -13,8 +13,6 @@ all-reduce of gradients with SUM) gives exactly the whole-batch loss however the
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 from torch import Tensor
 
@@ -34,6 +32,11 @@ def _check_count(name: str, value: Count) -> None:
     # Tensors are not checked: reading them would force a device sync on every micro-batch.
     if isinstance(value, int | float) and value <= 0:
         raise ValueError(f"{name} must be > 0 (the count over the whole batch), got {value}.")
+
+
+def apply_is_weights(token_losses: Tensor, is_weights: Tensor | None) -> Tensor:
+    """``token_losses * is_weights`` (both (B, T)); the weights are detached (they carry no gradient)."""
+    return token_losses if is_weights is None else token_losses * is_weights.detach()
 
 
 def agg_loss(
@@ -113,6 +116,7 @@ def compute_policy_loss(
     global_num_tokens: Count = None,
     global_num_seqs: Count = None,
     norm_len: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual-clip (verl ``vanilla``).
 
@@ -133,6 +137,8 @@ def compute_policy_loss(
         global_num_tokens: See :func:`agg_loss`.
         global_num_seqs: See :func:`agg_loss`.
         norm_len: See :func:`agg_loss`.
+        is_weights: (B, T) detached per-token weights multiplying the token losses before aggregation
+            (truncated importance sampling against the rollout engine, :func:`truncated_is_weights`).
 
     Returns:
         ``(pg_loss, metrics)`` with ``actor/pg_clipfrac`` (tokens where the clipped term won),
@@ -156,7 +162,7 @@ def compute_policy_loss(
     pg_losses3 = -advantages * clip_ratio_c
     clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
     pg_clipfrac_lower = masked_mean((torch.gt(clip_pg_losses1, pg_losses3) & (advantages < 0)).float(), response_mask)
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    pg_losses = apply_is_weights(torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1), is_weights)
     pg_loss = agg_loss(
         pg_losses,
         response_mask,
@@ -186,6 +192,7 @@ def compute_policy_loss_gspo(
     global_num_tokens: Count = None,
     global_num_seqs: Count = None,
     norm_len: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO loss (arXiv:2507.18071): clipping on the sequence-level importance ratio.
 
@@ -206,6 +213,7 @@ def compute_policy_loss_gspo(
         global_num_tokens: See :func:`agg_loss`.
         global_num_seqs: See :func:`agg_loss`.
         norm_len: See :func:`agg_loss`.
+        is_weights: See :func:`compute_policy_loss`.
 
     Returns:
         ``(pg_loss, metrics)`` with ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` (always 0) and
@@ -221,7 +229,7 @@ def compute_policy_loss_gspo(
 
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses = apply_is_weights(torch.maximum(pg_losses1, pg_losses2), is_weights)
     pg_loss = agg_loss(
         pg_losses,
         response_mask,
@@ -315,30 +323,3 @@ def compute_entropy_loss(
         global_num_seqs=global_num_seqs,
         norm_len=norm_len,
     )
-
-
-class PolicyLossFn(Protocol):
-    """Call signature shared by the entries of ``POLICY_LOSSES``."""
-
-    def __call__(
-        self,
-        old_log_prob: Tensor,
-        log_prob: Tensor,
-        advantages: Tensor,
-        response_mask: Tensor,
-        *,
-        clip_ratio_low: float,
-        clip_ratio_high: float,
-        clip_ratio_c: float = 3.0,
-        loss_agg_mode: str = ...,
-        global_num_tokens: Count = None,
-        global_num_seqs: Count = None,
-        norm_len: float | None = None,
-    ) -> tuple[Tensor, dict[str, Tensor]]: ...
-
-
-# Config name (actor.policy_loss.loss_mode) -> loss.
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    "vanilla": compute_policy_loss,
-    "gspo": compute_policy_loss_gspo,
-}

@@ -70,7 +70,9 @@ def _ppo_plan(
     cfg: ActorConfig | CriticConfig, *, world_size: int, n: int, prompts: int, ppo_epochs: int, log_prob_tokens: int
 ) -> PPOPlan:
     sp = cfg.ulysses_sequence_parallel_size
-    mesh = _mesh(world_size, sp, cfg.fsdp.hsdp_replicate_size)
+    # fsdp.fsdp_size (shard-group size, verl's name) and hsdp_replicate_size describe the same mesh.
+    replicate = world_size // cfg.fsdp.fsdp_size if cfg.fsdp.fsdp_size > 0 else cfg.fsdp.hsdp_replicate_size
+    mesh = _mesh(world_size, sp, replicate)
     mini = cfg.ppo_mini_batch_size * n
     per_rank = mini // mesh.dp_size
     micro = min(cfg.ppo_micro_batch_size_per_gpu, per_rank)

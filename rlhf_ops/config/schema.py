@@ -93,11 +93,22 @@ class ModelConfig(_Section):
         "else text (AutoModelForCausalLM); an explicit value must match the model.",
     )
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to model.path.")
-    dtype: DType = Field("float32", description="Dtype the weights are loaded in (master weights).")
+    dtype: DType = Field(
+        "float32",
+        description=(
+            "Compute dtype of the FSDP roles (bfloat16 = mixed precision: FSDP2 MixedPrecisionPolicy on GPU, "
+            "bf16 autocast on CPU). Master weights and optimizer state stay fp32 (see <role>.fsdp.master_dtype)."
+        ),
+    )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
         "sdpa", description="HF attention kernel; flash_attention_2 needs flash-attn (GPU image)."
     )
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the model directory.")
+    use_liger: bool = Field(
+        False,
+        description="Patch the model with liger-kernel's fused Triton kernels (RMSNorm, SwiGLU, RoPE); CUDA only, "
+        "needs the liger-kernel package (GPU image).",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
@@ -126,6 +137,24 @@ class KLControllerConfig(_Section):
     horizon: int = Field(10000, gt=0, description="Adaptive: samples over which beta moves.")
 
 
+class FilterGroupsConfig(_Section):
+    """DAPO dynamic sampling: drop groups whose samples all score the same, refill from the next prompts."""
+
+    enable: bool = Field(False, description="Drop zero-variance groups and generate more prompts to refill the step.")
+    metric: str = Field(
+        "score",
+        min_length=1,
+        description="Per-sample value compared within a group: 'score' (summed token_level_scores) or a key the "
+        "reward function returns in its dict (e.g. 'acc').",
+    )
+    max_num_gen_batches: int = Field(
+        4,
+        ge=1,
+        description="Generation rounds per step at most (the first included); when reached, the step is filled "
+        "up with dropped groups (zero advantage under group estimators).",
+    )
+
+
 class AlgorithmConfig(_Section):
     """RL algorithm: advantage estimator, KL regularisation and the clipped policy loss."""
 
@@ -139,7 +168,32 @@ class AlgorithmConfig(_Section):
     use_kl_loss: bool = Field(False, description="Add kl_loss_coef * KL(actor || ref) to the actor loss.")
     kl_loss_coef: float = Field(0.001, ge=0.0, description="Weight of the KL loss.")
     kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator used in the loss (k3 = low_var_kl).")
-    policy_loss: Literal["vanilla", "gspo"] = Field("vanilla", description="Token-level PPO clip, or GSPO.")
+    policy_loss: Literal["vanilla", "gspo", "clip_cov", "kl_cov", "cispo"] = Field(
+        "vanilla",
+        description="Token-level PPO clip (vanilla), GSPO, Clip-Cov / KL-Cov (entropy-preserving), or CISPO "
+        "(clipped, detached importance weight).",
+    )
+    clip_cov_ratio: float = Field(
+        0.0002, gt=0.0, le=1.0, description="Clip-Cov: share of tokens whose loss is dropped."
+    )
+    clip_cov_lb: float = Field(1.0, description="Clip-Cov: lower covariance bound of the candidate tokens.")
+    clip_cov_ub: float = Field(5.0, description="Clip-Cov: upper covariance bound of the candidate tokens.")
+    kl_cov_ratio: float = Field(0.0002, gt=0.0, le=1.0, description="KL-Cov: share of tokens given the KL penalty.")
+    ppo_kl_coef: float = Field(1.0, ge=0.0, description="KL-Cov: weight of |log_prob - old_log_prob| on those tokens.")
+    tis_imp_ratio_cap: float | None = Field(
+        None,
+        gt=0.0,
+        description="Truncated importance sampling: weight token losses by min(pi_old / pi_rollout, cap) "
+        "(rollout engine vs trainer mismatch); None = off, 2 is typical.",
+    )
+    ppo_target_kl: float | None = Field(
+        None,
+        gt=0.0,
+        description="KL early stop: when a mini-batch's ppo_kl exceeds kl_early_stop_factor x this, its optimizer "
+        "step is skipped and the step's remaining mini-batches and PPO epochs are ended; None = off.",
+    )
+    kl_early_stop_factor: float = Field(1.5, gt=0.0, description="KL early stop threshold factor (x ppo_target_kl).")
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
     clip_ratio_low: float = Field(0.2, gt=0.0, description="Lower clip: ratio >= 1 - clip_ratio_low.")
     clip_ratio_high: float = Field(0.2, gt=0.0, description="Upper clip: ratio <= 1 + clip_ratio_high.")
     clip_ratio_c: float = Field(3.0, gt=1.0, description="Dual-clip bound for negative advantages (> 1).")
@@ -161,10 +215,30 @@ class OptimConfig(_Section):
 
 
 class MixedPrecisionConfig(_Section):
-    """FSDP2 MixedPrecisionPolicy. Losses always see fp32 logits."""
+    """Compute precision of one role (see :mod:`rlhf_ops.config.precision`). Losses always see fp32 logits."""
 
-    param_dtype: DType = Field("float32", description="Dtype of gathered params in forward/backward.")
-    reduce_dtype: DType = Field("float32", description="Dtype of gradient reduce-scatter.")
+    param_dtype: DType | None = Field(
+        None,
+        description=(
+            "Compute dtype of forward/backward; None = model.dtype. On GPU the FSDP2 MixedPrecisionPolicy "
+            "param_dtype (params gathered in it); on CPU bfloat16 means torch.autocast (bf16 matmuls)."
+        ),
+    )
+    reduce_dtype: DType = Field("float32", description="Dtype of the gradient reduce-scatter / all-reduce.")
+
+
+class FSDPWrapPolicyConfig(_Section):
+    """Which modules get their own ``fully_shard`` (one all-gather / reduce-scatter unit each)."""
+
+    transformer_layer_cls_to_wrap: list[str] | None = Field(
+        None, description="Module class names to wrap; None uses the model's _no_split_modules (decoder blocks)."
+    )
+    min_num_params: int = Field(
+        0,
+        ge=0,
+        description="> 0: wrap by size instead, bottom-up: a module is wrapped when its parameters not already in "
+        "a wrapped descendant number at least this (torch's size_based_auto_wrap_policy rule).",
+    )
 
 
 class FSDPConfig(_Section):
@@ -175,9 +249,35 @@ class FSDPConfig(_Section):
     activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
+    master_dtype: DType | None = Field(
+        None,
+        description=(
+            "Dtype of the sharded weights the optimizer steps (and of its state); None = float32 for trained "
+            "roles (actor, critic) and the compute dtype for the reference on GPU. Below float32 on a trained "
+            "role logs a warning: small AdamW updates round to zero."
+        ),
+    )
     hsdp_replicate_size: int = Field(
         1, gt=0, description="HSDP: replicate across this many groups, shard within each (1 = plain FSDP)."
     )
+    fsdp_size: int = Field(
+        -1,
+        description="Shard-group size (verl's name): -1 shards over all ranks; k > 0 shards within groups of k "
+        "ranks and replicates across the world / k groups (HSDP). Exclusive with hsdp_replicate_size.",
+    )
+    forward_prefetch: int = Field(
+        0,
+        ge=0,
+        description="0: FSDP2's implicit forward prefetch; N >= 1: each block explicitly prefetches the next N "
+        "blocks' all-gathers (issued earlier from the CPU; N >= 2 overlaps more and holds more memory).",
+    )
+    backward_prefetch: int = Field(
+        1,
+        ge=1,
+        description="Backward prefetch depth: 1 is FSDP2's default (the previous block's all-gather is issued "
+        "early); N > 1 prefetches the previous N blocks explicitly (more overlap, more memory).",
+    )
+    wrap_policy: FSDPWrapPolicyConfig = Field(default_factory=FSDPWrapPolicyConfig)
 
 
 class ActorConfig(_Section):
@@ -285,8 +385,27 @@ class ResourcesConfig(_Section):
     nnodes: int = Field(1, gt=0)
     nproc_per_node: int = Field(2, gt=0, description="Worker ranks per node (one per GPU on GPU clusters).")
     device: Literal["cpu", "cuda"] = Field("cpu")
-    num_cpus_per_worker: float = Field(0.5, gt=0.0, description="Ray CPU request per rank (fractional on CPU).")
+    num_cpus_per_worker: float = Field(
+        0.5,
+        gt=0.0,
+        description="Ray CPU request per rank (fractional on CPU); its floor (at least 1) is also the rank's "
+        "intra-op threads (torch.set_num_threads, OMP_NUM_THREADS).",
+    )
+    gpus_per_worker: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Ray GPU request per rank with device=cuda; below 1 ranks share a GPU (0.5: two per GPU). NCCL refuses "
+            "two ranks on one device, so shared GPUs use gloo (CUDA tensors staged through the host): for checks."
+        ),
+    )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
+
+    @property
+    def threads_per_worker(self) -> int:
+        """Intra-op threads of each worker process: whole CPUs it requested, at least 1 (0.5 CPU -> 1)."""
+        return max(1, int(self.num_cpus_per_worker))
 
 
 class TrainerConfig(_Section):
@@ -316,6 +435,12 @@ class TrainerConfig(_Section):
         True, description="Reorder each step's sequences so data-parallel ranks get equal token counts."
     )
     seed: int = 1
+    profile_steps: list[int] = Field(
+        default_factory=list,
+        description="Steps to trace with torch.profiler on every rank of every role (Chrome traces, logged as "
+        "MLflow artifacts under profiles/); empty = off.",
+    )
+    profile_dir: str = Field("profiles", description="Local folder for the traces (one per step, role and rank).")
     log_every: int = Field(1, gt=0)
     logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
 

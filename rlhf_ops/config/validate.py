@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rlhf_ops.config.errors import ConfigError, ConfigProblem
-from rlhf_ops.config.schema import ActorConfig, CriticConfig, RunConfig
+from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 
 # URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
 # free of the storage stack, a test keeps the two equal).
@@ -93,6 +93,29 @@ def _check_ppo_sizes(
                 f"{section}.fsdp.hsdp_replicate_size",
                 f"{cfg.fsdp.hsdp_replicate_size} does not divide the world size {world}",
                 f"set a divisor of {world} (e.g. the number of nodes)",
+            )
+        )
+
+
+def _check_gpu_share(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    share = run.resources.gpus_per_worker
+    if share >= 1.0:
+        return
+    if run.resources.device != "cuda":
+        problems.append(
+            ConfigProblem(
+                "resources.gpus_per_worker",
+                f"{share} shares GPUs between ranks, but resources.device={run.resources.device}",
+                "set resources.device=cuda, or leave resources.gpus_per_worker at 1",
+            )
+        )
+    if run.rollout.tensor_model_parallel_size > 1:
+        problems.append(
+            ConfigProblem(
+                "rollout.tensor_model_parallel_size",
+                f"{run.rollout.tensor_model_parallel_size} needs one GPU per TP rank (NCCL refuses two ranks on one "
+                f"device), but resources.gpus_per_worker={share} puts ranks on a shared GPU",
+                "set rollout.tensor_model_parallel_size=1, or resources.gpus_per_worker=1",
             )
         )
 
@@ -227,6 +250,44 @@ def _check_vision_language(run: RunConfig, problems: list[ConfigProblem]) -> Non
     problems.extend(ConfigProblem(key, message, fix) for bad, key, message, fix in rules if bad)
 
 
+def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list[ConfigProblem]) -> None:
+    if fsdp.fsdp_size != -1:
+        if fsdp.fsdp_size < 1 or world % fsdp.fsdp_size:
+            problems.append(
+                ConfigProblem(
+                    f"{section}.fsdp.fsdp_size",
+                    f"{fsdp.fsdp_size} is not -1 and does not divide the world size {world}",
+                    f"set -1 (shard over all ranks) or a divisor of {world} (e.g. the GPUs of one node)",
+                )
+            )
+        elif fsdp.hsdp_replicate_size != 1:
+            problems.append(
+                ConfigProblem(
+                    f"{section}.fsdp.fsdp_size",
+                    f"both fsdp_size={fsdp.fsdp_size} and hsdp_replicate_size={fsdp.hsdp_replicate_size} set the "
+                    "same mesh",
+                    "set one of them: fsdp_size (shard-group size) or hsdp_replicate_size (replica groups)",
+                )
+            )
+    policy = fsdp.wrap_policy
+    if policy.min_num_params > 0 and policy.transformer_layer_cls_to_wrap is not None:
+        problems.append(
+            ConfigProblem(
+                f"{section}.fsdp.wrap_policy",
+                "both transformer_layer_cls_to_wrap and min_num_params are set",
+                "wrap by class list or by parameter count, not both (unset one)",
+            )
+        )
+    if policy.transformer_layer_cls_to_wrap is not None and not policy.transformer_layer_cls_to_wrap:
+        problems.append(
+            ConfigProblem(
+                f"{section}.fsdp.wrap_policy.transformer_layer_cls_to_wrap",
+                "empty list: only the root would be sharded",
+                "name the decoder block class (e.g. ['LlamaDecoderLayer']) or leave it unset",
+            )
+        )
+
+
 def _check_reward(run: RunConfig, problems: list[ConfigProblem]) -> None:
     overlong, max_len = run.reward.overlong_buffer, run.rollout.max_new_tokens
     if not overlong.enable:
@@ -249,16 +310,76 @@ def _check_reward(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
+def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    """Liger, FSDP knobs, loss variants, KL early stop, dynamic sampling, profiling."""
+    algo, rollout = run.algorithm, run.rollout
+    if run.model.use_liger and run.resources.device == "cpu":
+        problems.append(
+            ConfigProblem(
+                "model.use_liger",
+                "liger-kernel's fused kernels are Triton CUDA kernels; they cannot run with resources.device=cpu",
+                "set model.use_liger=false on CPU (or resources.device=cuda on the GPU image)",
+            )
+        )
+    sections = [("actor", run.actor.fsdp), ("ref", run.ref.fsdp)]
+    if run.needs_critic:
+        sections.append(("critic", run.critic.fsdp))
+    for section, fsdp in sections:
+        _check_fsdp_knobs(section, fsdp, run.world_size, problems)
+    if algo.policy_loss == "clip_cov" and algo.clip_cov_lb >= algo.clip_cov_ub:
+        problems.append(
+            ConfigProblem(
+                "algorithm.clip_cov_lb",
+                f"{algo.clip_cov_lb} is not below algorithm.clip_cov_ub={algo.clip_cov_ub}: no token can be selected",
+                "set clip_cov_lb < clip_cov_ub (the paper uses 1 and 5)",
+            )
+        )
+    if algo.tis_imp_ratio_cap is not None and (rollout.temperature != 1.0 or rollout.top_k != -1 or rollout.top_p < 1):
+        problems.append(
+            ConfigProblem(
+                "algorithm.tis_imp_ratio_cap",
+                f"the rollout's log-probs are of the raw distribution, the actor's of temperature "
+                f"{rollout.temperature} (top_k={rollout.top_k}, top_p={rollout.top_p}): the weight would measure "
+                "the sampling transform, not the engine mismatch",
+                "sample with rollout.temperature=1.0, top_k=-1, top_p=1.0, or unset algorithm.tis_imp_ratio_cap",
+            )
+        )
+    single_pass = algo.ppo_epochs == 1 and run.actor.ppo_mini_batch_size == run.data.train_batch_size
+    if algo.ppo_target_kl is not None and single_pass:
+        problems.append(
+            ConfigProblem(
+                "algorithm.ppo_target_kl",
+                "one PPO epoch of one mini-batch: its KL is measured before any update (0), so early stop never fires",
+                "raise algorithm.ppo_epochs or lower actor.ppo_mini_batch_size, or unset algorithm.ppo_target_kl",
+            )
+        )
+    if algo.filter_groups.enable and rollout.n < 2:
+        problems.append(
+            ConfigProblem(
+                "algorithm.filter_groups.enable",
+                f"dynamic sampling drops groups of equal rewards, but rollout.n={rollout.n} gives groups of one",
+                "set rollout.n >= 2, or algorithm.filter_groups.enable=false",
+            )
+        )
+    bad_steps = [s for s in run.trainer.profile_steps if s < 1]
+    if bad_steps:
+        problems.append(
+            ConfigProblem("trainer.profile_steps", f"{bad_steps} are not training steps", "list steps >= 1")
+        )
+
+
 def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     """Every cross-field problem of ``run`` (empty when consistent)."""
     problems: list[ConfigProblem] = []
     _check_ppo_sizes("actor", run.actor, run, problems)
     if run.needs_critic:
         _check_ppo_sizes("critic", run.critic, run, problems)
+    _check_gpu_share(run, problems)
     _check_algorithm(run, problems)
     _check_rest(run, problems)
     _check_vision_language(run, problems)
     _check_reward(run, problems)
+    _check_surface(run, problems)
     return problems
 
 

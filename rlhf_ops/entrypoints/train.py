@@ -45,8 +45,12 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
 
     if ray.is_initialized():
         return
+    # Worker threads follow resources.num_cpus_per_worker (not the driver's OMP_NUM_THREADS, which env.sh
+    # pins to 1): 1 rank x 2 CPUs must compute with 2 threads. Each worker also calls torch.set_num_threads
+    # before vLLM replaces it; vLLM's VLLM_CPU_OMP_THREADS_BIND only acts in its multiprocess executor,
+    # which the in-process engine here does not use.
     env = {
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "OMP_NUM_THREADS": str(config.resources.threads_per_worker),
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine lives in the worker process (weights updated in place)
     }

@@ -103,13 +103,29 @@ def compute_rollout_probs_diff(
 
 
 def reduce_worker_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Mean over ranks of each metric (workers already reduced over their micro-batches)."""
+    """Mean over ranks of each metric (workers already reduced over their micro-batches); ``memory/*`` peaks
+    take the maximum over ranks (the rank that runs out of memory first is the one that matters)."""
     keys = sorted({k for m in per_rank for k in m})
     out: dict[str, float] = {}
     for key in keys:
         values = [float(m[key]) for m in per_rank if key in m]
-        out[key] = float(np.mean(values))
+        out[key] = float(np.max(values)) if key.startswith("memory/") else float(np.mean(values))
     return out
+
+
+def log_profile_traces(logger: Any, profile_dir: str, *, step: int) -> list[str]:
+    """Logs every trace the workers wrote for ``step`` (``<profile_dir>/step_<step>/*.json``) as an artifact
+    ``profiles/step_<step>/<file>``; returns the artifact paths. The folder must be readable from the driver
+    (a single node, or a shared file system as for checkpoints)."""
+    from pathlib import Path
+
+    folder = Path(profile_dir) / f"step_{step}"
+    logged = []
+    for trace in sorted(folder.glob("*.json")):
+        artifact = f"profiles/step_{step}/{trace.name}"
+        logger.log_text(trace.read_text(encoding="utf-8"), artifact)
+        logged.append(artifact)
+    return logged
 
 
 def compute_reward_metrics_by_source(
@@ -127,3 +143,20 @@ def compute_reward_metrics_by_source(
             arr = np.asarray(values, dtype=np.float64)[idx.numpy()]
             out[f"{prefix}/{source}/{key}/mean"] = float(arr.mean())
     return out
+
+
+ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN = "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean"
+
+
+def rollout_probs_diff_stats(
+    rollout_log_probs: Tensor, actor_log_probs: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Mergeable parts of :func:`compute_rollout_probs_diff`: (max, sum, count) of ``|exp(rollout) - exp(actor)|``
+    over the response tokens, 0-dim fp32 tensors (the on-policy update computes them per micro-batch).
+
+    Micro-batches or ranks merge as the max of maxes and sum / count of the summed sums and counts.
+    """
+    mask = response_mask.bool()
+    diff = (rollout_log_probs.float().exp() - actor_log_probs.detach().float().exp()).abs()[mask]  # (N,)
+    top = diff.max() if diff.numel() else torch.zeros((), device=diff.device)
+    return top, diff.sum(), torch.tensor(float(diff.numel()), device=diff.device)

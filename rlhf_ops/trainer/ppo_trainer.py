@@ -1,4 +1,4 @@
-"""The controller loop (verl's dataflow): generate → reward → ref → values → advantages →
+"""The controller loop (verl's dataflow): generate → reward → old_log_prob → ref → values → advantages →
 update_critic → update_actor, one timer per stage, metrics under verl's names.
 
 Notation: B = sequences of a step (prompts x n), R = response length.
@@ -6,6 +6,7 @@ Notation: B = sequences of a step (prompts x n), R = response length.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,17 +16,19 @@ import torch
 from tqdm import tqdm
 
 from rlhf_ops.algorithms import KLController
-from rlhf_ops.config.batch_plan import BatchPlan
-from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
+from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
+from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
 from rlhf_ops.trainer.metrics import (
     compute_data_metrics,
     compute_reward_metrics_by_source,
     compute_rollout_probs_diff,
     compute_throughput_metrics,
+    log_profile_traces,
 )
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
@@ -70,6 +73,23 @@ def balance_tokens_across_ranks(batch: DataProto, *, dp_size: int) -> tuple[Data
     return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
 
 
+def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
+    """Whether a step needs the actor's separate old-log-prob forward before the update.
+
+    Not when the update is on-policy (one PPO epoch of one mini-batch: every forward runs before the only
+    optimizer step, so the update uses its own detached log-probs, as verl and TRL do), unless the KL
+    penalty in the reward needs them before the update.
+    """
+    on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
+    return algorithm.use_kl_in_reward or not on_policy
+
+
+def _add_worker_timing(timer: StageTimer, out: DataProto) -> None:
+    """``timing_s/worker/<name>``: seconds a worker spent computing (rank 0's), vs the stage's wall time."""
+    for name, seconds in (out.meta_info.get("timing") or {}).items():
+        timer.add(f"worker/{name}", float(seconds))
+
+
 class PPOTrainer:
     """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
 
@@ -101,6 +121,7 @@ class PPOTrainer:
         if config.trainer.total_training_steps is not None:
             total = min(total, config.trainer.total_training_steps)
         self.total_steps = total
+        self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
 
     # ---- stages -------------------------------------------------------------------------------
     def _sampling_meta(self) -> dict[str, Any]:
@@ -113,7 +134,7 @@ class PPOTrainer:
             "response_length": r.max_new_tokens,
             "eos_token_id": list(self.eos_token_ids),
             "pad_token_id": int(self.tokenizer.pad_token_id),
-            "recompute_log_prob": True,
+            "recompute_log_prob": False,  # its own stage in step(), and only when needed
         }
 
     def generate(self, prompts: DataProto, timer: StageTimer) -> DataProto:
@@ -125,8 +146,7 @@ class PPOTrainer:
         repeated = prompts.repeat(self.config.rollout.n, interleave=True)
         with timer.stage("gen"):
             out = self.actor_rollout_ref.generate_sequences(repeated)
-        for name, seconds in (out.meta_info.get("timing") or {}).items():
-            timer.add(f"worker/{name}", float(seconds))
+        _add_worker_timing(timer, out)
         batch = merge_generation(repeated, out, keys=_gen_keys(out))
         if self.config.algorithm.adv_estimator == "remax":
             batch.tensors["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
@@ -138,7 +158,7 @@ class PPOTrainer:
         greedy.non_tensor_batch = dict(prompts.non_tensor_batch)
         greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
         generated = self.actor_rollout_ref.generate_sequences(greedy)
-        out = merge_generation(greedy, generated, keys=[k for k in _gen_keys(generated) if k != "old_log_probs"])
+        out = merge_generation(greedy, generated, keys=_gen_keys(generated))
         self.reward(out)
         return out.tensors["token_level_scores"].sum(-1)
 
@@ -147,11 +167,6 @@ class PPOTrainer:
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer)
-        # The engine's log-probs against the actor's recompute; engines report temperature-1 ("raw")
-        # log-probs while old_log_probs use the rollout temperature, so they compare only at temperature 1.
-        if "old_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
-            b = batch.tensors
-            metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
             metrics["perf/dp_token_imbalance"] = imbalance
@@ -163,11 +178,26 @@ class PPOTrainer:
                 scores, list(batch.non_tensor_batch["data_source"]), prefix="train", extra=extra
             )
         )
+        if self.config.algorithm.filter_groups.enable:  # DAPO: refill zero-variance groups from the next prompts
+            batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics)
+        if self.needs_old_log_prob:
+            with timer.stage("old_log_prob"):
+                old = self.actor_rollout_ref.compute_log_prob(batch)
+            _add_worker_timing(timer, old)
+            batch = batch.union(old.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
+            # The engine's log-probs against the actor's recompute (skipped pass: the update reports it from
+            # its first forward). Engines report temperature-1 ("raw") log-probs while old_log_probs use the
+            # rollout temperature, so they compare only at temperature 1.
+            if "rollout_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
+                b = batch.tensors
+                metrics.update(
+                    compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"])
+                )
         if self.config.needs_ref:
             with timer.stage("ref"):
-                batch = batch.union(
-                    self.actor_rollout_ref.compute_ref_log_prob(batch).select(batch_keys=["ref_log_prob"])
-                )
+                ref = self.actor_rollout_ref.compute_ref_log_prob(batch)
+            _add_worker_timing(timer, ref)
+            batch = batch.union(ref.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
         if self.critic is not None:
             with timer.stage("values"):
                 batch = batch.union(self.critic.compute_values(batch).select(batch_keys=["values"]))
@@ -193,6 +223,36 @@ class PPOTrainer:
             )
         )
         return metrics
+
+    def _dynamic_sampling(self, first: ScoredBatch, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
+        """The step's batch of informative groups (rlhf_ops.trainer.dynamic_sampling); ``train/<source>/*``
+        reward metrics stay those of the step's own prompts (an unbiased sample of the policy)."""
+        step = first.batch.meta_info.get("global_steps")
+
+        def next_round() -> ScoredBatch:
+            prompts = self.train_loader.next_batch()
+            if step is not None:
+                prompts.meta_info["global_steps"] = step
+            batch = self.generate(prompts, timer)
+            with timer.stage("reward"):
+                extra = self.reward(batch)
+            return ScoredBatch(batch, extra)
+
+        cfg = self.config.algorithm.filter_groups
+        batch, ds_metrics = fill_dynamic_batch(
+            first,
+            next_round,
+            num_groups=self.config.data.train_batch_size,
+            metric=cfg.metric,
+            max_rounds=cfg.max_num_gen_batches,
+            pad_token_id=int(self.tokenizer.pad_token_id),
+        )
+        metrics.update(ds_metrics)
+        if self.config.trainer.balance_batch:  # the rows changed: balance them again
+            batch, metrics["perf/dp_token_imbalance"] = balance_tokens_across_ranks(
+                batch, dp_size=self.plan.actor.mesh.dp_size
+            )
+        return batch
 
     # ---- loop ---------------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
@@ -230,6 +290,8 @@ class PPOTrainer:
                 metrics.update(self.validate())
             self.state.history.append({k: metrics[k] for k in _HISTORY_KEYS if k in metrics})
             self.logger.log_metrics(metrics, step=step)
+            if step in cfg.profile_steps:  # the workers traced this step: attach their files to the run
+                log_profile_traces(self.logger, os.path.abspath(cfg.profile_dir), step=step)
             bar.set_postfix(reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
             bar.update(1)
             is_last = step == self.total_steps
@@ -275,7 +337,6 @@ _GEN_KEYS = [
     "position_ids",
     "response_mask",
     "rollout_log_probs",
-    "old_log_probs",
 ]
 _MEDIA_KEYS = ["pixel_values"]  # vision-language batches: the images travel with their rows to every role
 

@@ -15,7 +15,11 @@ class ActorRolloutRef(Protocol):
     """The colocated actor / rollout / reference group."""
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Samples responses and, for training batches, recomputes ``old_log_probs`` with the actor."""
+        """Samples responses (and ``old_log_probs`` with ``meta_info['recompute_log_prob']``)."""
+        ...
+
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (B, R): the actor's log-probs of the responses before the update."""
         ...
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

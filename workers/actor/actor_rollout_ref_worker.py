@@ -8,6 +8,7 @@ with the role name if it is missing (no boolean flags branching through the clas
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_ops.config.batch_plan import BatchPlan
+from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
 from rlhf_ops.models.modality import media_token_ids
 from rlhf_ops.protocol import DataProto
@@ -32,7 +34,8 @@ from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
 from workers.sp.ulysses import broadcast_from_group_leader
-from workers.utils.perf import memory_metrics, mfu, num_parameters
+from workers.utils.perf import flops_model, memory_metrics, mfu
+from workers.utils.profiling import StageMonitor, monitored
 
 Role = Literal["actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref"]
 ROLE_PARTS: dict[str, frozenset[str]] = {
@@ -61,6 +64,10 @@ class ActorRolloutRefSpec:
     eos_token_id: int | tuple[int, ...]  # every id that ends a response (rlhf_ops.models.generation)
     seed: int
     device: str
+    num_threads: int = 1
+    """Intra-op threads (``resources.threads_per_worker``); set before the vLLM engine disables set_num_threads."""
+    profile_steps: tuple[int, ...] = ()  # trainer.profile_steps
+    profile_dir: str = ""  # absolute trainer.profile_dir
 
 
 class ActorRolloutRefWorker(Worker):
@@ -85,10 +92,22 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Builds the FSDP2 models (meta-device init, weights broadcast from rank 0), optimizer, engine."""
         spec = self.spec
+        # First: building a vLLM CPU engine replaces torch.set_num_threads with a no-op for the process.
+        torch.set_num_threads(spec.num_threads)
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        self.monitor = StageMonitor(
+            role="actor",
+            rank=self.rank,
+            device=self.device,
+            profile_steps=spec.profile_steps,
+            profile_dir=spec.profile_dir,
+        )
+        # The plan's replicate size: from fsdp.fsdp_size (shard-group size) or fsdp.hsdp_replicate_size.
         self.mesh = build_device_mesh(
-            self.world_size, replicate_size=spec.actor.fsdp.hsdp_replicate_size, device_type=self.device.type
+            self.world_size,
+            replicate_size=spec.plan.actor.mesh.replicate_size,
+            device_type=self.device.type,
         )
         # Ulysses: FSDP still shards over every rank; the (dp, sp) groups split the batch and the sequences.
         sp_size = spec.plan.actor.mesh.sp_size
@@ -100,14 +119,20 @@ class ActorRolloutRefWorker(Worker):
         common: dict[str, Any] = {
             "mesh": self.mesh,
             "device": self.device,
-            "dtype": spec.model.dtype,
             "attn_implementation": spec.model.attn_implementation,
             "trust_remote_code": spec.model.trust_remote_code,
+            "use_liger": spec.model.use_liger,
         }
         # LoRA: the actor is base + adapters; the reference policy is that module with adapters disabled.
         lora = spec.model.lora if "actor" in self.parts and spec.model.lora.rank > 0 else None
         if self.parts & {"actor", "rollout"}:
-            module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, lora=lora, **common)
+            # fp32 master weights and optimizer state; model.dtype is the compute dtype (rlhf_ops.config.precision).
+            precision = resolve_precision(
+                spec.model.dtype, spec.actor.fsdp, trained="actor" in self.parts, device=self.device.type
+            )
+            module = build_fsdp_model(
+                spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, lora=lora, precision=precision, **common
+            )
             optimizer = scheduler = None
             if "actor" in self.parts:
                 optimizer = build_optimizer(module, spec.actor.optim)
@@ -124,7 +149,7 @@ class ActorRolloutRefWorker(Worker):
                 device=self.device,
                 seed=spec.seed,
             )
-            self.num_params = num_parameters(module)
+            self.flops = flops_model(module)  # MFU from the architecture (LoRA: frozen base, trained adapters)
         if "rollout" in self.parts:
             self.rollout = self._build_rollout()
         if "ref" in self.parts:
@@ -139,7 +164,13 @@ class ActorRolloutRefWorker(Worker):
             assert self.actor is not None
             ref_module = self.actor.module  # forwards under adapters_disabled (see _reference_forward)
         else:
-            ref_module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, **common)
+            # No optimizer: on GPU stored in the compute dtype (bf16), on CPU fp32 under the actor's autocast.
+            precision = resolve_precision(
+                spec.model.dtype, spec.ref.fsdp, trained=False, device=self.device.type, role="ref"
+            )
+            ref_module = build_fsdp_model(
+                spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, precision=precision, **common
+            )
             ref_module.eval()
         return DataParallelPPOActor(
             ref_module,
@@ -188,8 +219,13 @@ class ActorRolloutRefWorker(Worker):
             )
             # The engine holds its own copy of the weights: the manager gathers the FSDP shards bucket by
             # bucket into it before each generation that follows an update (and frees KV cache after, on GPU).
+            # Cast to the engine's dtype at the gather: fp32 masters into a bf16 engine move half the bytes.
             self.sharding_manager = FSDPShardingManager(
-                self.actor.module, engine, bucket_bytes=r.weight_sync_bucket_mb * 2**20, device=self.device
+                self.actor.module,
+                engine,
+                bucket_bytes=r.weight_sync_bucket_mb * 2**20,
+                device=self.device,
+                dtype=getattr(torch, r.dtype),
             )
             return engine
         from workers.rollout.hf_rollout import HFRollout
@@ -208,8 +244,13 @@ class ActorRolloutRefWorker(Worker):
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Rollout, then (for training batches) the actor's teacher-forced ``old_log_probs``."""
+        """Rollout; with ``meta_info['recompute_log_prob']`` also the actor's teacher-forced ``old_log_probs``.
+
+        The trainer asks for them in their own stage instead (:meth:`compute_log_prob`, skipped when the
+        update is on-policy); the flag stays for callers that want both in one round trip.
+        """
         self._need("rollout", "generate_sequences")
         assert self.rollout is not None
         if self.sharding_manager is not None:
@@ -232,6 +273,18 @@ class ActorRolloutRefWorker(Worker):
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("old_log_prob")
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (B, R): the actor's log-probs of the responses at ``meta_info['temperature']``."""
+        self._need("actor", "compute_log_prob")
+        assert self.actor is not None
+        start = time.perf_counter()
+        old, _ = self.actor.compute_log_prob(data.to(self.device), temperature=data.meta_info.get("temperature", 1.0))
+        timing = {"old_log_prob": time.perf_counter() - start}
+        return DataProto.from_dict({"old_log_probs": old.cpu()}, meta_info={"timing": timing})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("ref")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) under the frozen reference policy."""
         self._need("ref", "compute_ref_log_prob")
@@ -242,13 +295,16 @@ class ActorRolloutRefWorker(Worker):
                 "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,
             }
         )
+        start = time.perf_counter()
         with self._reference_forward():
             log_prob, _ = self.ref.compute_log_prob(
                 data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
             )
-        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()})
+        timing = {"ref": time.perf_counter() - start}
+        return DataProto.from_dict({"ref_log_prob": log_prob.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("update_actor", report=True)
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update; returns ``actor/*`` and ``perf/*`` metrics in ``meta_info``."""
         self._need("actor", "update_actor")
@@ -258,9 +314,13 @@ class ActorRolloutRefWorker(Worker):
         with optimizer_offload(self.actor.optimizer, enabled=self.spec.actor.fsdp.optimizer_offload):
             metrics = self.actor.update_policy(data.to(self.device))
         seconds = time.perf_counter() - start
-        tokens = self.actor.last_update_tokens
-        metrics["perf/mfu/actor"] = mfu(num_params=self.num_params, tokens=tokens, seconds=seconds, device=self.device)
+        flops = self.flops.train_flops(self.actor.last_update_seq_lens) / self.actor.sp_size  # SP: 1/sp each
+        metrics["perf/mfu/actor"] = mfu(flops=flops, seconds=seconds, device=self.device)
         metrics.update(memory_metrics(self.device, prefix="perf"))
+        metrics["timing_s/worker/update_actor"] = seconds
+        metrics["perf/torch_threads"] = float(torch.get_num_threads())  # resources.num_cpus_per_worker took effect
+        if self.device.type == "cpu":  # the process's high-water mark (Linux ru_maxrss is KiB)
+            metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self.sharding_manager is not None:
             self.sharding_manager.mark_dirty()
         return DataProto(meta_info={"metrics": metrics})

@@ -20,26 +20,30 @@ dp x sp. Token / sequence counts and metrics are reduced over the dp group only 
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from rlhf_ops.algorithms import POLICY_LOSSES, agg_loss, kl_penalty
+from rlhf_ops.algorithms import POLICY_LOSSES, PolicyLossFn, agg_loss, kl_penalty, truncated_is_weights
 from rlhf_ops.config.batch_plan import PPOPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
 from workers.sp.ulysses import check_ulysses_heads, enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
+from workers.utils.dist import MetricAccumulator, all_reduce, dp_world_size, global_counts
 from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
 
-__all__ = ["DataParallelPPOActor"]
+__all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-_UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages")
+_UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "advantages")
 _MEDIA_KEYS = ("pixel_values",)  # vision-language policies: (B, k, C, H, W), split by rows like the rest
 
 
@@ -47,6 +51,23 @@ def _with_media(data: DataProto, keys: tuple[str, ...]) -> tuple[str, ...]:
     """``keys`` plus the media keys ``data`` holds."""
     present = set(data.batch.keys()) if data.batch is not None else set()
     return (*keys, *(k for k in _MEDIA_KEYS if k in present))
+
+
+def bind_policy_loss(algorithm: AlgorithmConfig, *, seed: int = 0) -> PolicyLossFn:
+    """``POLICY_LOSSES[algorithm.policy_loss]`` with the variant's own hyper-parameters bound from the config."""
+    loss: Any = POLICY_LOSSES[algorithm.policy_loss]  # the variants take extra keyword arguments
+    if algorithm.policy_loss == "clip_cov":
+        return functools.partial(
+            loss,
+            clip_cov_ratio=algorithm.clip_cov_ratio,
+            clip_cov_lb=algorithm.clip_cov_lb,
+            clip_cov_ub=algorithm.clip_cov_ub,
+            # One generator for the actor's life: the random token choice is reproducible under a fixed seed.
+            generator=torch.Generator().manual_seed(seed),
+        )
+    if algorithm.policy_loss == "kl_cov":
+        return functools.partial(loss, kl_cov_ratio=algorithm.kl_cov_ratio, ppo_kl_coef=algorithm.ppo_kl_coef)
+    return loss
 
 
 def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:
@@ -121,10 +142,16 @@ class DataParallelPPOActor:
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self._keep_logits = supports_logits_to_keep(module)
-        self._policy_loss = POLICY_LOSSES[algorithm.policy_loss]
+        self._policy_loss = bind_policy_loss(algorithm, seed=seed)
         self._num_updates = 0
         self.last_update_tokens = 0
         """Valid tokens (attention mask) forwarded and backwarded by the last :meth:`update_policy` on this rank."""
+        self.on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
+        """One epoch of one mini-batch: every forward of the update runs before its only optimizer step, so the
+        update's own log-probs (detached) are the old log-probs and no separate old-log-prob pass is needed."""
+        self._diff_max: Tensor | None = None
+        self.last_update_seq_lens: list[int] = []
+        """Valid length of every sequence the last update trained on (once per epoch), for the FLOP count."""
 
     # ------------------------------------------------------------------------------------------- forward
     def _forward(
@@ -192,7 +219,10 @@ class DataParallelPPOActor:
         Args:
             data: This rank's share: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T), ``responses``,
                 ``response_mask``, ``old_log_probs``, ``advantages`` (B, R), and ``ref_log_prob`` (B, R) when
-                ``algorithm.use_kl_loss``. ``meta_info['temperature']`` (default 1.0) must be the temperature
+                ``algorithm.use_kl_loss``. ``old_log_probs`` may be absent when :attr:`on_policy`: then the
+                update's own detached log-probs stand in for them (verl, TRL), and with ``rollout_log_probs``
+                present the returned metrics add ``training/rollout_probs_diff_{max,mean}`` of those
+                pre-step log-probs. ``meta_info['temperature']`` (default 1.0) must be the temperature
                 the old log-probs were computed with.
 
         Returns:
@@ -200,7 +230,12 @@ class DataParallelPPOActor:
             optimizer steps, ratios are token-weighted means): ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/pg_clipfrac_lower``, ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` and
             ``actor/kl_coef`` (with the KL loss), ``actor/grad_norm`` (mean over steps), ``actor/lr`` (of the
-            last step), ``actor/skipped_step_frac`` (share of steps skipped for a non-finite grad norm).
+            last step), ``actor/skipped_step_frac`` (share of steps skipped for a non-finite grad norm). With
+            ``algorithm.ppo_target_kl``: ``actor/kl_early_stop`` (1 when the stop fired in this update, so its
+            mean over steps is how often it fires) and ``actor/trained_mini_batch_frac`` (optimizer steps taken /
+            planned), ``actor/ppo_kl_k3`` (the non-negative KL estimate it compares). With
+            ``algorithm.tis_imp_ratio_cap``: ``actor/tis_weight_mean``, ``actor/tis_clipfrac``.
+            Loss metrics include the mini-batch on which the early stop fired (its step was skipped).
 
         Raises:
             ValueError: No optimizer, a missing key, or a batch that does not split into mini-batches.
@@ -208,13 +243,24 @@ class DataParallelPPOActor:
         if self.optimizer is None:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
+        present = set(data.batch.keys()) if data.batch is not None else set()
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        if "old_log_probs" in present or not self.on_policy:
+            keys = (*keys, "old_log_probs")
+        elif "rollout_log_probs" in present and temperature == 1.0:
+            # On-policy: the first forward's log-probs give the rollout diff (engines report temperature-1
+            # log-probs, so only at temperature 1).
+            keys = (*keys, "rollout_log_probs")
+            self._diff_max = torch.zeros((), device=self.device)
+        if self.algorithm.tis_imp_ratio_cap is not None and "rollout_log_probs" not in keys:
+            keys = (*keys, "rollout_log_probs")
         _require(data, keys, "update_policy")
         data = data.select(list(_with_media(data, keys)))
-        temperature = float(data.meta_info.get("temperature", 1.0))
         step_seed = int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
         acc = MetricAccumulator(self.device)
-        tokens = 0
+        tokens, trained, planned, stopped = 0, 0, 0, False
+        self.last_update_seq_lens = []
         # Open across backward too: activation checkpointing recomputes the Ulysses attention there.
         with ulysses_sequence_parallel(self.sp_group):
             for epoch in range(self.plan.ppo_epochs):
@@ -225,14 +271,46 @@ class DataParallelPPOActor:
                     shuffle=self.config.shuffle,
                     generator=generator,
                 )
+                planned = len(minis) * self.plan.ppo_epochs
                 for mini in minis:
-                    tokens += self._update_mini_batch(mini, acc, temperature=temperature)
+                    step_tokens, stopped = self._update_mini_batch(mini, acc, temperature=temperature)
+                    self.last_update_seq_lens += mini.batch["attention_mask"].sum(-1).tolist()  # type: ignore[index]
+                    tokens += step_tokens
+                    if stopped:
+                        break
+                    trained += 1
+                if stopped:
+                    break
+        if self.algorithm.ppo_target_kl is not None:
+            acc.add_step("actor/kl_early_stop", float(stopped))  # 1 on the steps it fired: its mean is the rate
+            acc.add_step("actor/trained_mini_batch_frac", trained / max(planned, 1))
         self._num_updates += 1
         self.last_update_tokens = tokens // self.sp_size  # each SP rank forwards 1/sp of the tokens
-        return acc.reduce(group=self.dp_group)
+        metrics = acc.reduce(group=self.dp_group)
+        if self._diff_max is not None:
+            metrics[ROLLOUT_DIFF_MAX] = all_reduce(self._diff_max, op=dist.ReduceOp.MAX, group=self.dp_group).item()
+            self._diff_max = None
+        return metrics
 
-    def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator, *, temperature: float) -> int:
-        """Accumulates the gradient of one mini-batch and steps; returns the valid tokens it forwarded."""
+    def _kl_early_stop(self, kl_sum: Tensor, kl_tokens: Tensor) -> bool:
+        """True on every rank when the mini-batch's global k3 KL exceeds ``kl_early_stop_factor x ppo_target_kl``.
+
+        The token-weighted KL is all-reduced over the dp group, so each rank compares the same number against
+        the same threshold and all of them stop together (a rank that stopped alone would hang the next
+        collective of the others).
+        """
+        target = self.algorithm.ppo_target_kl
+        if target is None:
+            return False
+        total = all_reduce(
+            torch.stack([kl_sum, kl_tokens]).to(torch.float64), op=dist.ReduceOp.SUM, group=self.dp_group
+        )
+        kl = float(total[0] / total[1].clamp(min=1.0))
+        return kl > self.algorithm.kl_early_stop_factor * target
+
+    def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator, *, temperature: float) -> tuple[int, bool]:
+        """Accumulates the gradient of one mini-batch and steps, unless the KL early stop fires (then the
+        gradient is dropped); returns the valid tokens it forwarded and whether it stopped."""
         assert mini.batch is not None and self.optimizer is not None
         num_tokens, num_seqs = global_counts(mini.batch["response_mask"], group=self.dp_group)
         micro_batches, _ = make_micro_batches(
@@ -242,22 +320,31 @@ class DataParallelPPOActor:
             max_token_len=self.plan.max_token_len_per_rank,
             dp_group=self.dp_group,
         )
+        kl_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        kl_tokens = torch.zeros((), device=self.device, dtype=torch.float64)
         for micro in micro_batches:
-            loss = self._micro_batch_loss(
+            loss, micro_kl_sum, micro_tokens = self._micro_batch_loss(
                 micro, acc, num_tokens=num_tokens, num_seqs=num_seqs, temperature=temperature
             )
             (loss * self.loss_scale).backward()  # FSDP averages over dp x sp ranks; this makes it the sum
+            kl_sum, kl_tokens = kl_sum + micro_kl_sum, kl_tokens + micro_tokens
+        if self._kl_early_stop(kl_sum, kl_tokens):
+            # Spinning Up's rule: no step on a mini-batch whose policy already moved too far from the old one.
+            self.optimizer.zero_grad(set_to_none=True)
+            acc.num_steps += 1  # its loss metrics were accumulated: average them over it too
+            return int(mini.batch["attention_mask"].sum()), True
         result = clipped_optimizer_step(self.module, self.optimizer, self.lr_scheduler, max_norm=self.config.grad_clip)
         acc.num_steps += 1
         acc.add_step("actor/grad_norm", result.grad_norm)
         acc.add_step("actor/lr", result.lr)
         acc.add_step("actor/skipped_step_frac", float(result.skipped))
-        return int(mini.batch["attention_mask"].sum())
+        return int(mini.batch["attention_mask"].sum()), False
 
     def _micro_batch_loss(
         self, micro: DataProto, acc: MetricAccumulator, *, num_tokens: float, num_seqs: float, temperature: float
-    ) -> Tensor:
-        """This micro-batch's contribution to the mini-batch loss (policy - entropy bonus + KL loss)."""
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """This micro-batch's contribution to the mini-batch loss (policy - entropy bonus + KL loss), its local
+        summed k3 KL to the old policy (0 without the KL early stop) and its valid token count."""
         batch = micro.batch
         assert batch is not None
         algo = self.algorithm
@@ -268,8 +355,26 @@ class DataParallelPPOActor:
             micro, temperature=temperature, calculate_entropy=True, entropy_requires_grad=use_entropy
         )
         assert entropy is not None
+        if "old_log_probs" in batch.keys():
+            old_log_prob = batch["old_log_probs"].to(self.device)
+        else:  # on-policy (see self.on_policy): ratio 1 in value, gradient adv * d log_prob, as verl and TRL
+            old_log_prob = log_prob.detach()
+            if self._diff_max is not None:
+                top, total, count = rollout_probs_diff_stats(
+                    batch["rollout_log_probs"].to(self.device), log_prob, mask
+                )
+                self._diff_max = torch.maximum(self._diff_max, top)
+                acc.add_mean(ROLLOUT_DIFF_MEAN, total / count.clamp(min=1), count)
+        is_weights = None
+        if algo.tis_imp_ratio_cap is not None:
+            rollout_log_probs = batch["rollout_log_probs"].to(self.device)
+            is_weights, tis_metrics = truncated_is_weights(
+                old_log_prob, rollout_log_probs, mask, cap=algo.tis_imp_ratio_cap
+            )
+            for name, value in tis_metrics.items():
+                acc.add_mean(name, value, mask.sum())
         pg_loss, pg_metrics = self._policy_loss(
-            batch["old_log_probs"].to(self.device),
+            old_log_prob,
             log_prob,
             batch["advantages"].to(self.device),
             mask,
@@ -277,6 +382,7 @@ class DataParallelPPOActor:
             clip_ratio_high=algo.clip_ratio_high,
             clip_ratio_c=algo.clip_ratio_c,
             loss_agg_mode=algo.loss_agg_mode,
+            is_weights=is_weights,
             **counts,
         )
         loss = pg_loss
@@ -293,4 +399,11 @@ class DataParallelPPOActor:
         for name, value in pg_metrics.items():
             acc.add_mean(name, value, weight)
         acc.add_mean("actor/entropy", (entropy.detach() * mask).sum() / weight.clamp(min=1), weight)
-        return loss
+        kl_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        if algo.ppo_target_kl is not None:
+            # k3 = r - 1 - log r with r = pi / pi_old (samples from pi_old): a non-negative KL(pi_old || pi)
+            # estimate, so a mini-batch cannot hide a large move behind tokens whose k1 is negative.
+            stop_kl = kl_penalty(old_log_prob, log_prob.detach(), "low_var_kl")
+            kl_sum = (stop_kl * mask).sum().to(torch.float64)
+            acc.add_mean("actor/ppo_kl_k3", kl_sum / weight.clamp(min=1), weight)
+        return loss, kl_sum, weight.to(torch.float64)

@@ -6,7 +6,8 @@ positions predicting response tokens (remove-padding path).
 The logit at column t predicts the token at column t + 1, so responses (columns T - R .. T - 1) are
 predicted by columns T - R - 1 .. T - 2, i.e. ``logits[:, -R - 1 : -1]``. Only those positions go
 through the LM head (``logits_to_keep``), which skips the prompt's share of the (b, T, V) logits. The
-logits are cast to fp32 before the temperature division and the log-softmax.
+logits are cast to fp32 chunk by chunk before the temperature division and the log-softmax
+(``rlhf_ops.algorithms.logprobs_and_entropy``).
 
 Ulysses sequence parallelism (``sp_group`` of size sp > 1, remove-padding path only): each rank of the
 group forwards its slice of the packed row (``workers.sp.shard_packed``), computes the log-probs of the kept
@@ -17,11 +18,10 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlhf_ops.algorithms import entropy_from_logits, logprobs_from_logits
+from rlhf_ops.algorithms import logprobs_and_entropy
 from workers.sp.ulysses import shard_packed, sp_world_size, ulysses_sequence_parallel
 from workers.utils.remove_padding import PackedBatch, pack_sequences, scatter_response
 
@@ -67,17 +67,15 @@ def _response_logits(
 def _token_log_probs(
     logits: Tensor, labels: Tensor, *, temperature: float, calculate_entropy: bool, entropy_requires_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of ``labels`` (...,) under ``logits`` (..., V), and the entropy when asked (both fp32)."""
-    logits = logits.float() / temperature  # fp32 BEFORE log-softmax: bf16 logits lose ~3 digits of the ratio
-    log_probs = logprobs_from_logits(logits, labels)
-    entropy: Tensor | None = None
-    if calculate_entropy:
-        if entropy_requires_grad:
-            entropy = entropy_from_logits(logits)
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
-    return log_probs, entropy
+    """Log-probs of ``labels`` (...,) under ``logits`` (..., V), and the entropy when asked (both fp32).
+
+    One fused chunked pass (``logprobs_and_entropy``): fp32 per chunk BEFORE the log-softmax (bf16 logits
+    lose ~3 digits of the ratio), and no (..., V) fp32 copy of the logits kept for the backward.
+    """
+    log_probs, entropy = logprobs_and_entropy(logits, labels, temperature=temperature)
+    if not calculate_entropy:
+        return log_probs, None
+    return log_probs, entropy if entropy_requires_grad else entropy.detach()
 
 
 def _sp_packed_log_probs(

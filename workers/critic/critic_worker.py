@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, ModelConfig
 from rlhf_ops.protocol import DataProto
 from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
@@ -18,7 +19,8 @@ from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_of
 from workers.fsdp.wrap import build_fsdp_model
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
-from workers.utils.perf import mfu, num_parameters
+from workers.utils.perf import flops_model, mfu
+from workers.utils.profiling import StageMonitor, monitored
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +35,8 @@ class CriticSpec:
     total_training_steps: int
     seed: int
     device: str
+    profile_steps: tuple[int, ...] = ()  # trainer.profile_steps
+    profile_dir: str = ""  # absolute trainer.profile_dir
 
 
 class CriticWorker(Worker):
@@ -48,8 +52,18 @@ class CriticWorker(Worker):
         spec = self.spec
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        self.monitor = StageMonitor(
+            role="critic",
+            rank=self.rank,
+            device=self.device,
+            profile_steps=spec.profile_steps,
+            profile_dir=spec.profile_dir,
+        )
+        # The plan's replicate size: from fsdp.fsdp_size (shard-group size) or fsdp.hsdp_replicate_size.
         mesh = build_device_mesh(
-            self.world_size, replicate_size=spec.critic.fsdp.hsdp_replicate_size, device_type=self.device.type
+            self.world_size,
+            replicate_size=spec.plan.mesh.replicate_size,
+            device_type=self.device.type,
         )
         sp_size = spec.plan.mesh.sp_size  # Ulysses: FSDP shards over every rank; (dp, sp) groups split the work
         dp_group, sp_group = sp_process_groups(self.world_size, sp_size=sp_size, device_type=self.device.type)
@@ -61,9 +75,12 @@ class CriticWorker(Worker):
             mesh=mesh,
             cfg=spec.critic.fsdp,
             device=self.device,
-            dtype=spec.model.dtype,
+            precision=resolve_precision(
+                spec.model.dtype, spec.critic.fsdp, trained=True, device=self.device.type, role="critic"
+            ),
             attn_implementation=spec.model.attn_implementation,
             trust_remote_code=spec.model.trust_remote_code,
+            use_liger=spec.model.use_liger,
         )
         optimizer = build_optimizer(module, spec.critic.optim)
         steps = max(1, spec.total_training_steps * spec.plan.num_mini_batches * spec.plan.ppo_epochs)
@@ -80,7 +97,7 @@ class CriticWorker(Worker):
             device=self.device,
             seed=spec.seed,
         )
-        self.num_params = num_parameters(module)
+        self.flops = flops_model(module)
         dist.barrier()
 
     def _critic(self) -> DataParallelPPOCritic:
@@ -89,12 +106,14 @@ class CriticWorker(Worker):
         return self.critic
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("values")
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R)."""
         values = self._critic().compute_values(data.to(self.device))
         return DataProto.from_dict({"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("update_critic", report=True)
     def update_critic(self, data: DataProto) -> DataProto:
         """One value-function update; ``critic/*`` metrics in ``meta_info``."""
         critic = self._critic()
@@ -102,10 +121,9 @@ class CriticWorker(Worker):
         # fsdp.optimizer_offload: Adam state on the host except from the first optimizer step to the update's end.
         with optimizer_offload(critic.optimizer, enabled=self.spec.critic.fsdp.optimizer_offload):
             metrics = critic.update_critic(data.to(self.device))
-        tokens = int(data.batch["attention_mask"].sum().item()) * self.spec.plan.ppo_epochs  # type: ignore[index]
-        metrics["perf/mfu/critic"] = mfu(
-            num_params=self.num_params, tokens=tokens, seconds=time.perf_counter() - start, device=self.device
-        )
+        seq_lens = data.batch["attention_mask"].sum(-1).tolist() * self.spec.plan.ppo_epochs  # type: ignore[index]
+        flops = self.flops.train_flops(seq_lens) / self.spec.plan.mesh.sp_size  # SP ranks share the sequences
+        metrics["perf/mfu/critic"] = mfu(flops=flops, seconds=time.perf_counter() - start, device=self.device)
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlhf_ops.config.schema import FSDPConfig
+from rlhf_ops.config.precision import resolve_precision
+from rlhf_ops.config.schema import DType, FSDPConfig
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.mesh import build_device_mesh, get_device
 from workers.fsdp.wrap import build_fsdp_model
@@ -24,7 +25,7 @@ from workers.single_controller.worker import RankContext, Worker
 class RewardModelSpec:
     model_path: str
     micro_batch_size: int
-    dtype: str
+    dtype: DType
     attn_implementation: str
     fsdp: FSDPConfig
     device: str
@@ -84,7 +85,9 @@ class RewardModelWorker(Worker):
             mesh=mesh,
             cfg=self.spec.fsdp,
             device=self.device,
-            dtype=self.spec.dtype,
+            precision=resolve_precision(
+                self.spec.dtype, self.spec.fsdp, trained=False, device=self.device.type, role="reward"
+            ),
             attn_implementation=self.spec.attn_implementation,
         )
         self.module.eval()
