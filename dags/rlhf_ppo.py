@@ -8,6 +8,7 @@ them. Everything else is in ``rlhf_pipeline.factory`` and ``docs/pipeline.md``.
 
 from __future__ import annotations
 
+from airflow.configuration import conf
 from airflow.sdk import DAG
 from rlhf_pipeline.factory import build_pipeline_dag
 
@@ -17,4 +18,7 @@ dag: DAG = build_pipeline_dag(
     tags=["ppo", "grpo", "manual"],
     description="RLHF fine-tuning run (PPO/GRPO on Ray), triggered with a form",
     max_active_runs=4,
+    # Executor queue of the tasks that need torch (prepare_data, evaluate, register_model), where Airflow's own
+    # workers have none: AIRFLOW__RLHF__HEAVY_QUEUE (scripts/stack.sh sets `heavy`). Unset: the default queue.
+    heavy_queue=conf.get("rlhf", "heavy_queue", fallback="") or None,
 )

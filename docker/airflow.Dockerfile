@@ -13,7 +13,12 @@
 ARG AIRFLOW_VERSION=3.3.2
 # Not named PYTHON_VERSION: Python base images set ENV PYTHON_VERSION (x.y.z), and an ENV beats an ARG.
 ARG AIRFLOW_PYTHON_VERSION=3.11
-FROM apache/airflow:${AIRFLOW_VERSION}-python${AIRFLOW_PYTHON_VERSION}
+# The official image by default. A plain Debian bookworm image works too (scripts/stack.sh uses the local base of
+# docker/podman-setup.sh where no registry is reachable): the first RUN below then installs Python 3.11 and
+# Airflow with the providers the stack needs into a virtualenv laid out like the official image (user 50000:0,
+# AIRFLOW_HOME=/opt/airflow, /entrypoint that prefixes `airflow` to a subcommand).
+ARG BASE_IMAGE=apache/airflow:${AIRFLOW_VERSION}-python${AIRFLOW_PYTHON_VERSION}
+FROM ${BASE_IMAGE}
 
 ARG AIRFLOW_VERSION
 ARG AIRFLOW_PYTHON_VERSION
@@ -24,12 +29,43 @@ ARG AIRFLOW_PYTHON_VERSION
 ARG AIRFLOW_CONSTRAINTS_URL="https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${AIRFLOW_PYTHON_VERSION}.txt"
 ARG AIRFLOW_USE_CONSTRAINTS=true
 ARG RLHF_OPS_GIT_COMMIT=""
+# The same Celery provider as the CPU worker image's heavy_queue worker (docker/worker-cpu.Dockerfile).
+ARG CELERY_PROVIDER_VERSION=3.26.0
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # The official image's airflow user is UID 50000, GID 0.
 USER 0
-RUN mkdir -p /opt/rlhf/bin /opt/rlhf/src && chown -R 50000:0 /opt/rlhf
+# Plain Debian base only (the official image has `airflow` on PATH and skips this): Python, tini, curl, Airflow
+# with the official image's providers that the stack uses (celery: the CeleryExecutor of scripts/stack.sh;
+# fab: the auth manager; postgres: the metadata DB driver; http: the mlflow_default connection type).
+ENV PATH=/home/airflow/.local/bin:${PATH} \
+    AIRFLOW_HOME=/opt/airflow \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY --chmod=0755 docker/airflow-entrypoint.sh /opt/rlhf/airflow-entrypoint.sh
+# docker/build-context/constraints/ is empty in git; scripts/stack.sh puts constraints.txt there (the development virtualenv's
+# versions: they stand in for Airflow's constraints file where GitHub is unreachable, AIRFLOW_CONSTRAINTS_URL=
+# file:///opt/rlhf/constraints/constraints.txt).
+COPY docker/build-context/constraints/ /opt/rlhf/constraints/
+# (hadolint reads the array syntax as POSIX sh, and the pin of apache-airflow[...] as missing.)
+# hadolint ignore=DL3008,DL3013,SC3054
+RUN if ! command -v airflow >/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends "python${AIRFLOW_PYTHON_VERSION}" python3-venv \
+            ca-certificates curl dumb-init procps libpq5 \
+        && rm -rf /var/lib/apt/lists/* \
+        && useradd --uid 50000 --gid 0 --create-home --home-dir /home/airflow airflow \
+        && "python${AIRFLOW_PYTHON_VERSION}" -m venv /home/airflow/.local \
+        && pip install "pip>=25" \
+        && c=(); if [ -f /opt/rlhf/constraints/constraints.txt ]; then c=(-c /opt/rlhf/constraints/constraints.txt); fi \
+        && pip install "apache-airflow[celery,fab,postgres,http]==${AIRFLOW_VERSION}" \
+            "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "${c[@]}" \
+        && mkdir -p /opt/airflow/dags /opt/airflow/logs /opt/airflow/plugins \
+        && cp /opt/rlhf/airflow-entrypoint.sh /entrypoint \
+        && chown -R 50000:0 /home/airflow /opt/airflow && chmod -R g+w /opt/airflow; \
+    fi \
+    && mkdir -p /opt/rlhf/bin /opt/rlhf/src && chown -R 50000:0 /opt/rlhf
 USER 50000
 
 # Python dependencies of the Airflow-facing modules (rlhf_ops.config / .tracking / .storage / .checkpoint and the
@@ -71,5 +107,8 @@ assert not leaked, f'heavy packages in the Airflow image: {leaked}'" \
     && (pip check || true) | { ! grep -v -e '^rlhf-ops ' -e '^No broken requirements found'; }
 
 ENV RLHF_OPS_GIT_COMMIT=${RLHF_OPS_GIT_COMMIT}
+# The official image's own entrypoint (the Debian branch above installs the same pair).
+ENTRYPOINT ["/usr/bin/dumb-init", "--", "/entrypoint"]
+CMD []
 LABEL org.opencontainers.image.title="rlhf-ops Airflow" \
       org.opencontainers.image.revision="${RLHF_OPS_GIT_COMMIT}"

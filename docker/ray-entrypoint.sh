@@ -12,6 +12,8 @@
 #
 # Any other command (`docker run IMAGE python ...`) is executed as given, so the image also serves one-off jobs.
 set -euo pipefail
+# Files written in shared volumes stay writable for the other containers' users (all in group 0).
+umask 0002
 
 if [[ $# -gt 0 ]]; then
   exec "$@"

@@ -16,12 +16,12 @@
 
 # The devel flavour on purpose: flash-attn compiles here, and at run time FlashInfer and Triton JIT-compile
 # kernels (they need nvcc and the CUDA headers); vLLM's own image uses a devel base for the same reason.
-ARG CUDA_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04
+ARG BASE_IMAGE=nvidia/cuda:13.0.2-devel-ubuntu24.04
 ARG TORCH_VERSION=2.13.0
 ARG VLLM_VERSION=0.32.0
 
 ############################ base: Python 3.12 venv with CUDA torch + vLLM + deps ############################
-FROM ${CUDA_IMAGE} AS base
+FROM ${BASE_IMAGE} AS base
 
 ARG UV_VERSION=0.13.9
 ARG TORCH_VERSION

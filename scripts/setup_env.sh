@@ -27,4 +27,12 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "warning: chromium missing (apt-get install chromium as root); the browser test will be skipped" >&2
   fi
 fi
+# podman, runc, debootstrap and the local Debian base image for the deployment tests and scripts/stack.sh
+# (docker/podman-setup.sh: no registry is reachable here, so the base is made with debootstrap).
+if [ "$(id -u)" = 0 ]; then
+  bash docker/podman-setup.sh >/dev/null \
+    || echo "warning: could not set up podman; the container tests will be skipped" >&2
+elif ! bash docker/podman-setup.sh --check >/dev/null 2>&1; then
+  echo "warning: podman not set up (run bash docker/podman-setup.sh as root); the container tests will be skipped" >&2
+fi
 echo "$want" >"$stamp"

@@ -197,6 +197,44 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
+def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list[ConfigProblem]) -> None:
+    if fsdp.fsdp_size != -1:
+        if fsdp.fsdp_size < 1 or world % fsdp.fsdp_size:
+            problems.append(
+                ConfigProblem(
+                    f"{section}.fsdp.fsdp_size",
+                    f"{fsdp.fsdp_size} is not -1 and does not divide the world size {world}",
+                    f"set -1 (shard over all ranks) or a divisor of {world} (e.g. the GPUs of one node)",
+                )
+            )
+        elif fsdp.hsdp_replicate_size != 1:
+            problems.append(
+                ConfigProblem(
+                    f"{section}.fsdp.fsdp_size",
+                    f"both fsdp_size={fsdp.fsdp_size} and hsdp_replicate_size={fsdp.hsdp_replicate_size} set the "
+                    "same mesh",
+                    "set one of them: fsdp_size (shard-group size) or hsdp_replicate_size (replica groups)",
+                )
+            )
+    policy = fsdp.wrap_policy
+    if policy.min_num_params > 0 and policy.transformer_layer_cls_to_wrap is not None:
+        problems.append(
+            ConfigProblem(
+                f"{section}.fsdp.wrap_policy",
+                "both transformer_layer_cls_to_wrap and min_num_params are set",
+                "wrap by class list or by parameter count, not both (unset one)",
+            )
+        )
+    if policy.transformer_layer_cls_to_wrap is not None and not policy.transformer_layer_cls_to_wrap:
+        problems.append(
+            ConfigProblem(
+                f"{section}.fsdp.wrap_policy.transformer_layer_cls_to_wrap",
+                "empty list: only the root would be sharded",
+                "name the decoder block class (e.g. ['LlamaDecoderLayer']) or leave it unset",
+            )
+        )
+
+
 def _check_vision_language(run: RunConfig, problems: list[ConfigProblem]) -> None:
     """What a vision-language policy (``model.modality``, or detected from config.json) cannot use yet."""
     from rlhf_ops.models.modality import detect_modality
@@ -248,44 +286,6 @@ def _check_vision_language(run: RunConfig, problems: list[ConfigProblem]) -> Non
         ),
     ]
     problems.extend(ConfigProblem(key, message, fix) for bad, key, message, fix in rules if bad)
-
-
-def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list[ConfigProblem]) -> None:
-    if fsdp.fsdp_size != -1:
-        if fsdp.fsdp_size < 1 or world % fsdp.fsdp_size:
-            problems.append(
-                ConfigProblem(
-                    f"{section}.fsdp.fsdp_size",
-                    f"{fsdp.fsdp_size} is not -1 and does not divide the world size {world}",
-                    f"set -1 (shard over all ranks) or a divisor of {world} (e.g. the GPUs of one node)",
-                )
-            )
-        elif fsdp.hsdp_replicate_size != 1:
-            problems.append(
-                ConfigProblem(
-                    f"{section}.fsdp.fsdp_size",
-                    f"both fsdp_size={fsdp.fsdp_size} and hsdp_replicate_size={fsdp.hsdp_replicate_size} set the "
-                    "same mesh",
-                    "set one of them: fsdp_size (shard-group size) or hsdp_replicate_size (replica groups)",
-                )
-            )
-    policy = fsdp.wrap_policy
-    if policy.min_num_params > 0 and policy.transformer_layer_cls_to_wrap is not None:
-        problems.append(
-            ConfigProblem(
-                f"{section}.fsdp.wrap_policy",
-                "both transformer_layer_cls_to_wrap and min_num_params are set",
-                "wrap by class list or by parameter count, not both (unset one)",
-            )
-        )
-    if policy.transformer_layer_cls_to_wrap is not None and not policy.transformer_layer_cls_to_wrap:
-        problems.append(
-            ConfigProblem(
-                f"{section}.fsdp.wrap_policy.transformer_layer_cls_to_wrap",
-                "empty list: only the root would be sharded",
-                "name the decoder block class (e.g. ['LlamaDecoderLayer']) or leave it unset",
-            )
-        )
 
 
 def _check_reward(run: RunConfig, problems: list[ConfigProblem]) -> None:

@@ -83,12 +83,16 @@ def paired_gain_of_reports(before: dict[str, Any], after: dict[str, Any], *, con
         ValueError: the two reports are not over the same prompts.
     """
     b_rows, a_rows = before["per_prompt"], after["per_prompt"]
+    # Both reports take the first N prompts of the same files: a smaller N is a prefix of a larger one,
+    # so the comparison runs over the prompts both evaluated.
+    n = min(len(b_rows), len(a_rows))
+    b_rows, a_rows = b_rows[:n], a_rows[:n]
     if [r["index"] for r in b_rows] != [r["index"] for r in a_rows] or before.get("data_files") != after.get(
         "data_files"
     ):
         raise ValueError(
             "the two reports are not over the same prompts (data files or prompt indices differ); "
-            "evaluate both models with the same --data and --max-prompts"
+            "evaluate both models with the same --data"
         )
     if all(r["correct"] is not None for r in (*b_rows, *a_rows)):
         return paired_proportion_interval(
@@ -103,7 +107,7 @@ def _eval_gain(args: argparse.Namespace) -> int:
         result = paired_gain_of_reports(before, after, confidence=args.confidence)
         boot = None
         if result.method.startswith("paired proportions"):
-            rows = (before["per_prompt"], after["per_prompt"])
+            rows = (before["per_prompt"][: result.n], after["per_prompt"][: result.n])
             boot = paired_bootstrap(
                 [r["correct"] for r in rows[0]], [r["correct"] for r in rows[1]], confidence=args.confidence
             )

@@ -28,7 +28,8 @@ import torch
 from tests.integration.test_vllm_rollout import SKIP_EXIT, teacher_forced_log_probs, to_plain
 from tests.support.real_model import smollm2_path
 
-pytestmark = pytest.mark.integration
+# 84 s here (child 70 s: 2 s load, 10 s engine start, 2 syncs, 5 rollouts, 1 step); ~3 min under load.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 EOS = PAD = 2

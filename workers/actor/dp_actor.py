@@ -44,13 +44,6 @@ __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "advantages")
-_MEDIA_KEYS = ("pixel_values",)  # vision-language policies: (B, k, C, H, W), split by rows like the rest
-
-
-def _with_media(data: DataProto, keys: tuple[str, ...]) -> tuple[str, ...]:
-    """``keys`` plus the media keys ``data`` holds."""
-    present = set(data.batch.keys()) if data.batch is not None else set()
-    return (*keys, *(k for k in _MEDIA_KEYS if k in present))
 
 
 def bind_policy_loss(algorithm: AlgorithmConfig, *, seed: int = 0) -> PolicyLossFn:
@@ -68,6 +61,15 @@ def bind_policy_loss(algorithm: AlgorithmConfig, *, seed: int = 0) -> PolicyLoss
     if algorithm.policy_loss == "kl_cov":
         return functools.partial(loss, kl_cov_ratio=algorithm.kl_cov_ratio, ppo_kl_coef=algorithm.ppo_kl_coef)
     return loss
+
+
+_MEDIA_KEYS = ("pixel_values",)  # vision-language policies: (B, k, C, H, W), split by rows like the rest
+
+
+def _with_media(data: DataProto, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` plus the media keys ``data`` holds."""
+    present = set(data.batch.keys()) if data.batch is not None else set()
+    return (*keys, *(k for k in _MEDIA_KEYS if k in present))
 
 
 def _require(data: DataProto, keys: tuple[str, ...], what: str) -> None:

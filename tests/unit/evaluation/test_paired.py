@@ -57,3 +57,36 @@ def test_bad_input_is_refused(before: list[float], after: list[float], kwargs: d
 def test_graded_scores_need_the_bootstrap() -> None:
     with pytest.raises(ValueError, match="0/1 scores"):
         paired_proportion_interval([0.5], [1.0])
+
+
+def _report(correct: list[int], files: list[str] | None = None) -> dict[str, object]:
+    rows = [{"index": i, "score": float(c), "correct": float(c), "length": 3} for i, c in enumerate(correct)]
+    return {"data_files": files or ["builtin:gsm8k_synth_test"], "per_prompt": rows}
+
+
+def test_reports_compare_over_their_common_prompt_prefix() -> None:
+    from rlhf_ops.evaluation.commands import paired_gain_of_reports
+
+    # before on 4 prompts, after on 3: prompts 0-2 compared; 0 and 1 gained, none lost -> gain 2/3.
+    res = paired_gain_of_reports(_report([0, 0, 1, 0]), _report([1, 1, 1]), confidence=0.95)
+    assert res.n == 3 and res.gain == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="not over the same prompts"):
+        paired_gain_of_reports(_report([0, 1]), _report([1, 1], files=["other.parquet"]), confidence=0.95)
+
+
+def test_eval_gain_command_prints_one_line_per_result_and_refuses_bad_files(tmp_path, capsys) -> None:
+    import json
+
+    from rlhf_ops.cli import main
+
+    before, after = tmp_path / "b.json", tmp_path / "a.json"
+    before.write_text(json.dumps(_report([0, 0, 1, 1, 0])))
+    after.write_text(json.dumps(_report([1, 1, 1, 0, 0])))
+    assert main(["eval", "gain", str(before), str(after), "--out", str(tmp_path / "g.json")]) == 0
+    out = capsys.readouterr().out
+    assert "gain +20.0 pts" in out and "bootstrap check" in out
+    assert json.loads((tmp_path / "g.json").read_text())["result"]["n"] == 5
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["eval", "gain", str(tmp_path / "bad.json"), str(after)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "bad.json" in err[0]
