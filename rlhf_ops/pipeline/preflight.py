@@ -151,7 +151,7 @@ def _check_prepared(prepared: Mapping[str, Any]) -> list[Problem]:
             fs, path = open_store(str(url))
             if not fs.exists(path):
                 problems.append(Problem("data", f"manifest_url {url} does not exist", "re-run prepare_data"))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # any store error (botocore's are neither OSError nor ValueError)
             problems.append(Problem("data", f"cannot read {url}: {exc}", "re-run prepare_data"))
     return problems
 

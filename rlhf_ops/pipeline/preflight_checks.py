@@ -137,7 +137,10 @@ def check_model_dir(key: str, path: str | None) -> list[Problem]:
         return [Problem(key, f"{config_file} is not valid JSON ({_short(exc)})", fix)]
     if not isinstance(config, dict) or not config.get("model_type"):
         return [Problem(key, f"{config_file} has no model_type", fix)]
-    return _weights_problems(key, folder)
+    try:
+        return _weights_problems(key, folder)
+    except OSError as exc:  # unreadable weights (permissions, a broken mount)
+        return [Problem(key, f"cannot read the weights in {folder} ({_short(exc)})", fix)]
 
 
 # ---- tokenizer ----------------------------------------------------------------------------------
@@ -339,7 +342,7 @@ def check_data_files(
         except FileNotFoundError:
             problems.append(Problem(key, f"{url} does not exist", fix))
             continue
-        except (OSError, ValueError, TimeoutError) as exc:
+        except Exception as exc:  # any store or format error (botocore's are neither OSError nor ValueError)
             problems.append(Problem(key, f"cannot read {url} ({_short(exc)})", fix))
             continue
         chat = chat or found.chat_prompts

@@ -274,6 +274,17 @@ def test_an_unreachable_s3_endpoint_fails_fast(tmp_path: Path, monkeypatch: pyte
     assert "cannot write to s3://bucket/prefix" in problems["trainer.remote_store_url"]
 
 
+def test_data_on_an_unreachable_s3_endpoint_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)  # no credentials at all: botocore's NoCredentialsError
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    problems = [str(p) for p in preflight_problems(_config(tmp_path, "data.train_files=[s3://bucket/train.parquet]"))]
+    assert len(problems) == 1 and problems[0].startswith("data.train_files: cannot read s3://bucket/train.parquet ")
+
+
 def test_a_writable_remote_store_is_probed_and_cleaned_up(tmp_path: Path) -> None:
     remote = tmp_path / "remote"
     config = _config(tmp_path, f"trainer.remote_store_url=file://{remote}", "trainer.run_name=r1")

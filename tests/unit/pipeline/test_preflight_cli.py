@@ -126,3 +126,19 @@ def test_the_resume_mode_from_the_operator_is_validated_like_the_config(monkeypa
     with pytest.raises(ConfigError) as caught:
         checked_config(config)
     assert [p.key for p in caught.value.problems] == ["trainer.resume_mode"]
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu"])
+def test_gpu_presets_away_from_their_cluster_fail_with_lines_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preset: str
+) -> None:
+    # here: no /models folder and no S3 credentials (botocore's NoCredentialsError is not an OSError)
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    proc, _ = _run("-m", "rlhf_ops.cli", "config", "show", preset, "--check", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    keys = [line.split(":")[1].strip() for line in proc.stderr.splitlines()]
+    assert keys == ["model.path", "data.train_files", "data.val_files", "trainer.remote_store_url"], proc.stderr
