@@ -3,9 +3,10 @@
 Run (2 processes, one torch thread each)::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_fsdp_knobs.py      # [--steps 3] [--seq 128] [--batch 2]
+                                                                       # [--hidden 512] [--layers 8]
 
-Model: a random Llama (hidden 512, 8 layers, 8 heads / 4 kv heads, MLP 1376, vocab 8192, untied: 33.6M fp32
-parameters), the same init on both ranks. Each variant: ``apply_fsdp2`` with its ``FSDPConfig``, AdamW, then
+Model: a random Llama (default hidden 512, 8 layers, 8 heads / 4 kv heads, MLP 1408, vocab 8192, untied), the
+same init on both ranks. Each variant: ``apply_fsdp2`` with its ``FSDPConfig``, AdamW, then
 ``--steps`` timed training steps (forward + backward + optimizer step on ``--batch`` x ``--seq`` random tokens per
 rank) after one warm-up. Reported per variant (the baseline is the default config, measured in the same run):
 FSDP units, parameter bytes held by rank 0 between steps (its shards), median step seconds (max over ranks),
@@ -49,16 +50,16 @@ VARIANTS: dict[str, FSDPConfig] = {
 }
 
 
-def _model() -> torch.nn.Module:
+def _model(args: argparse.Namespace) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=512,
-        num_hidden_layers=8,
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
         num_attention_heads=8,
         num_key_value_heads=4,
-        intermediate_size=1376,
+        intermediate_size=args.hidden * 11 // 4,
         vocab_size=8192,
         tie_word_embeddings=False,
         use_cache=False,
@@ -74,7 +75,7 @@ def _run_variant(rank: int, name: str, cfg: FSDPConfig, args: argparse.Namespace
 
     replicate = cfg.hsdp_replicate_size
     mesh = build_device_mesh(WORLD, replicate_size=replicate)
-    model = apply_fsdp2(_model(), mesh, cfg)
+    model = apply_fsdp2(_model(args), mesh, cfg)
     units = sum(isinstance(m, FSDPModule) for m in model.modules())
     local_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())  # type: ignore[attr-defined]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -128,6 +129,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=512, help="hidden size (MLP = 11/4 of it)")
+    parser.add_argument("--layers", type=int, default=8)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with socket.socket() as s:
@@ -142,9 +145,13 @@ def main() -> None:
     for p in procs:
         p.join()
     base = max(r["step_s"] for r in rows[0])
-    print(f"2 gloo ranks, batch {args.batch} x seq {args.seq} per rank, median of {args.steps} steps")
-    header = f"{'variant':40s} {'units':>5s} {'rank0 params MiB':>16s} {'step s':>7s}"
-    print(f"{header} {'vs default':>10s} {'RSS +MiB':>9s}")
+    print(
+        f"2 gloo ranks, Llama hidden {args.hidden} x {args.layers} layers, batch {args.batch} x seq {args.seq} per "
+        f"rank, median of {args.steps} steps"
+    )
+    print(
+        f"{'variant':40s} {'units':>5s} {'rank0 params MiB':>16s} {'step s':>7s} {'vs default':>10s} {'RSS +MiB':>9s}"
+    )
     for per_rank in rows:
         step_s = max(r["step_s"] for r in per_rank)
         growth = max(r["rss_growth_mib"] for r in per_rank)
