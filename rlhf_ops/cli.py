@@ -15,12 +15,30 @@ from rlhf_ops.config import ConfigError, RunConfig, dump_config, load_config
 
 def _config_show(args: argparse.Namespace) -> int:
     run = load_config(args.preset, args.overrides)
+    if args.check:
+        return _preflight(run)
     if args.plan:
         from rlhf_ops.config import derive_batch_plan
 
         print(json.dumps(derive_batch_plan(run).to_dict(), indent=2))
     else:
         print(dump_config(run), end="")
+    return 0
+
+
+def _preflight(run: RunConfig) -> int:
+    """Pre-flight of ``run`` (what ``rlhf train`` checks before it starts anything): 0 ok, 2 problems."""
+    from rlhf_ops.entrypoints.train import print_problems
+    from rlhf_ops.pipeline.preflight import preflight_problems
+
+    notes: list[str] = []
+    problems = preflight_problems(run, notes=notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if problems:
+        print_problems(ConfigError(problems))
+        return 2
+    print("preflight ok: the run can start")
     return 0
 
 
@@ -37,9 +55,13 @@ def _config_presets(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlhf_ops.entrypoints.train import run_training
+    from rlhf_ops.entrypoints.train import print_problems, run_training
 
-    run_training(load_config(args.preset, args.overrides), ray_address=args.ray_address)
+    try:  # pre-flight runs first inside run_training: nothing has started when it fails
+        run_training(load_config(args.preset, args.overrides), ray_address=args.ray_address)
+    except ConfigError as exc:
+        print_problems(exc)
+        return 2
     return 0
 
 
@@ -195,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("preset", help="shipped preset name or YAML path")
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-6")
     show.add_argument("--plan", action="store_true", help="print the derived batch plan instead")
+    show.add_argument(
+        "--check",
+        action="store_true",
+        help="run pre-flight (model, tokenizer, reward function, data, stores, tracking) as `rlhf train` does",
+    )
     show.set_defaults(func=_config_show)
     config_sub.add_parser("schema", help="print the JSON Schema of the config").set_defaults(func=_config_schema)
     config_sub.add_parser("presets", help="list shipped presets").set_defaults(func=_config_presets)

@@ -42,7 +42,7 @@ def launch_role_groups(
     model_path: str,
     total_training_steps: int,
     pad_token_id: int,
-    eos_token_id: int,
+    eos_token_id: int | tuple[int, ...],
 ) -> RoleGroups:
     """Starts the groups the config needs and calls ``init_model`` on each."""
     res = config.resources
@@ -51,10 +51,12 @@ def launch_role_groups(
         [res.nproc_per_node] * res.nnodes,
         use_gpu=res.device == "cuda",
         num_cpus_per_process=res.num_cpus_per_worker,
+        gpus_per_process=res.gpus_per_worker,
         name_prefix=config.trainer.experiment_name,
     )
     share = 1.0 / n_roles
-    backend = "nccl" if res.device == "cuda" else "gloo"
+    # NCCL refuses two ranks on one device ("Duplicate GPU detected"): ranks sharing a GPU talk over gloo.
+    backend = "nccl" if res.device == "cuda" and res.gpus_per_worker >= 1.0 else "gloo"
     groups: list[RayWorkerGroup[Any]] = []
     try:
         role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-PRESETS = ["qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu", "tiny-cpu"]
+PRESETS = ["qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu", "smollm2-135m-grpo-cpu", "tiny-cpu"]
 ALGORITHMS = ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 DATA_FIELDS = ["prompt", "ground_truth", "data_source", "extra_info"]
 _MODEL, _DATA, _TRAIN, _STORE, _EVAL = "Model", "Data", "Training", "Storage and cluster", "Evaluation and registry"

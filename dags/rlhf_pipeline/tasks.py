@@ -100,7 +100,10 @@ def check_ray(*, ray_conn_id: str, address: str | None) -> str:
 def preflight(
     prepared: dict[str, Any], *, conns: Mapping[str, str | None], ray_conn_id: str, **context: Any
 ) -> dict[str, Any]:
-    """Resolve + validate the config (a bad value fails here), check reachability, plan the checkpoints."""
+    """Resolve + validate the config, run pre-flight (the checks `rlhf train` runs), plan the checkpoints.
+
+    A bad value or a problem pre-flight finds fails the task at once (no retry can fix it), one log line each.
+    """
     from rlhf_ops.config import ConfigError
     from rlhf_ops.pipeline.layout import patched_environ
     from rlhf_ops.pipeline.preflight import run_preflight
@@ -114,7 +117,9 @@ def preflight(
             model_path = download_champion(params.registered_name(layout.dag_id), models_dir=layout.models_dir)
         try:
             plan = run_preflight(params, layout, prepared, model_path=model_path)
-        except ConfigError as exc:
+        except ConfigError as exc:  # PreflightError too: the same lines `rlhf train` prints
+            for problem in exc.problems:
+                log.error("error: %s", problem)
             raise AirflowFailException(str(exc)) from None
     plan["ray_dashboard"] = check_ray(ray_conn_id=ray_conn_id, address=params.ray_address)
     return plan

@@ -11,6 +11,9 @@ LoRA: a checkpoint of a PEFT model (names ``base_model.model.…``, ``….lora_A
 merged: ``W = W_base + (B @ A) * scaling`` per active adapter, with the scalings the checkpoint recorded
 in ``<ckpt>/<role>/lora_scaling.json`` (PEFT's ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), summed in
 float32; ``modules_to_save`` copies replace their originals. DoRA and LoRA on embeddings are refused.
+
+Tied embeddings (``tie_word_embeddings``, e.g. SmolLM2, Qwen2.5-0.5B): the export holds the embedding once and
+reloads with ``lm_head.weight`` tied to it, as the base model did.
 """
 
 from __future__ import annotations
@@ -114,6 +117,11 @@ def _build_model(base_model_path: str, weights: dict[str, Tensor], *, trust_remo
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    tied = _tied_aliases(model, config)
+    weights = dict(weights)
+    for alias, source in tied.items():  # a checkpoint may store a tied tensor once; strict loading wants both
+        if alias not in weights and source in weights:
+            weights[alias] = weights[source]
     try:
         model.load_state_dict(weights, strict=True, assign=True)
     except RuntimeError as exc:
@@ -121,11 +129,24 @@ def _build_model(base_model_path: str, weights: dict[str, Tensor], *, trust_remo
             f"the checkpoint's weights do not fit {base_model_path} ({type(model).__name__}): {exc}. "
             "Pass the base model the run trained (--base-model / model.path)"
         ) from exc
+    if tied:
+        # assign=True gave the head and the embedding separate tensors; re-tie them (the head takes the
+        # embedding, equal after tied training) so save_pretrained writes one tensor and reloads stay tied.
+        model.tie_weights()
     try:
         model.generation_config = GenerationConfig.from_pretrained(base_model_path)
     except OSError:
         log.info("%s has no generation_config.json; exporting the default one", base_model_path)
     return model
+
+
+def _tied_aliases(model: Any, config: Any) -> dict[str, str]:
+    """``{tied name: source name}`` (``{"lm_head.weight": "model.embed_tokens.weight"}``) when the config ties."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return {}
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    return dict(keys) if isinstance(keys, dict) else {}
 
 
 def export_hf_model(

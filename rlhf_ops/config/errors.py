@@ -49,6 +49,8 @@ def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | N
 
 def _fix_for(error: Mapping[str, Any], root: type[BaseModel]) -> str:
     kind, ctx, loc = error["type"], error.get("ctx") or {}, error["loc"]
+    if "fix" in ctx:  # our own validators (PydanticCustomError) carry their fix
+        return str(ctx["fix"])
     if kind == "extra_forbidden":
         owner = _model_at(root, loc)
         valid = sorted(owner.model_fields) if owner else []

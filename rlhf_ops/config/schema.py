@@ -9,9 +9,10 @@ sizes in :mod:`rlhf_ops.config.batch_plan`. Workers receive their own section, n
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 KLPenalty = Literal[
@@ -21,6 +22,48 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 DType = Literal["float32", "bfloat16", "float16"]
 LoggerName = Literal["console", "jsonl", "mlflow"]
 DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
+
+
+MAX_NAME_LENGTH = 128
+
+
+def _path_component(value: str) -> str:
+    """``value`` if it is safe as one folder name under ``trainer.checkpoint_root`` (and in remote URLs).
+
+    A ``/``, a ``\\``, a leading ``.`` (``.``, ``..``, hidden folders) or a control character would move the
+    run's folder elsewhere or hide it, so they are refused rather than escaped: the name stays the one the
+    user sees in every path.
+    """
+    bad = (
+        "/" in value
+        or "\\" in value
+        or value.startswith(".")
+        or value != value.strip()
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+        or len(value) > MAX_NAME_LENGTH
+    )
+    if not value or bad:
+        raise PydanticCustomError(
+            "path_component",
+            "is not safe as a single folder name (no '/', '\\', NUL or control characters, no leading '.' or "
+            "surrounding spaces, 1-{max_length} characters)",
+            {"max_length": MAX_NAME_LENGTH, "fix": "use letters, digits, '-', '_' and '.', e.g. 'grpo-run-1'"},
+        )
+    return value
+
+
+def _not_blank(fix: str) -> AfterValidator:
+    """Refuses an empty or all-space string (``key=`` on the command line), where ``null`` is meant."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise PydanticCustomError("blank", "is empty", {"fix": fix})
+        return value
+
+    return AfterValidator(check)
+
+
+PathComponent = Annotated[str, AfterValidator(_path_component)]
 
 
 class _Section(BaseModel):
@@ -43,7 +86,13 @@ class ModelConfig(_Section):
 
     path: str = Field(..., min_length=1, description="Local HF model directory, or 'builtin:tiny-llama'.")
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to model.path.")
-    dtype: DType = Field("float32", description="Dtype the weights are loaded in (master weights).")
+    dtype: DType = Field(
+        "float32",
+        description=(
+            "Compute dtype of the FSDP roles (bfloat16 = mixed precision: FSDP2 MixedPrecisionPolicy on GPU, "
+            "bf16 autocast on CPU). Master weights and optimizer state stay fp32 (see <role>.fsdp.master_dtype)."
+        ),
+    )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = Field(
         "sdpa", description="HF attention kernel; flash_attention_2 needs flash-attn (GPU image)."
     )
@@ -111,10 +160,16 @@ class OptimConfig(_Section):
 
 
 class MixedPrecisionConfig(_Section):
-    """FSDP2 MixedPrecisionPolicy. Losses always see fp32 logits."""
+    """Compute precision of one role (see :mod:`rlhf_ops.config.precision`). Losses always see fp32 logits."""
 
-    param_dtype: DType = Field("float32", description="Dtype of gathered params in forward/backward.")
-    reduce_dtype: DType = Field("float32", description="Dtype of gradient reduce-scatter.")
+    param_dtype: DType | None = Field(
+        None,
+        description=(
+            "Compute dtype of forward/backward; None = model.dtype. On GPU the FSDP2 MixedPrecisionPolicy "
+            "param_dtype (params gathered in it); on CPU bfloat16 means torch.autocast (bf16 matmuls)."
+        ),
+    )
+    reduce_dtype: DType = Field("float32", description="Dtype of the gradient reduce-scatter / all-reduce.")
 
 
 class FSDPConfig(_Section):
@@ -125,6 +180,14 @@ class FSDPConfig(_Section):
     activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
+    master_dtype: DType | None = Field(
+        None,
+        description=(
+            "Dtype of the sharded weights the optimizer steps (and of its state); None = float32 for trained "
+            "roles (actor, critic) and the compute dtype for the reference on GPU. Below float32 on a trained "
+            "role logs a warning: small AdamW updates round to zero."
+        ),
+    )
     hsdp_replicate_size: int = Field(
         1, gt=0, description="HSDP: replicate across this many groups, shard within each (1 = plain FSDP)."
     )
@@ -217,7 +280,10 @@ class RewardConfig(_Section):
     """Reward: a sequence-classification reward model and/or a rule function (summed)."""
 
     model_path: str | None = Field(None, description="HF sequence-classification reward model directory.")
-    reward_fn: str | None = Field(
+    reward_fn: Annotated[
+        str | None,
+        _not_blank("set a built-in name or 'pkg.module:function', or null to score with reward.model_path only"),
+    ] = Field(
         None,
         description="Built-in (default, gsm8k, gsm8k_flexible, math, multiple_choice, format, toy...) or "
         "dotted path 'pkg.module:function' with verl's (data_source, solution_str, ground_truth, extra_info).",
@@ -233,21 +299,38 @@ class ResourcesConfig(_Section):
     nproc_per_node: int = Field(2, gt=0, description="Worker ranks per node (one per GPU on GPU clusters).")
     device: Literal["cpu", "cuda"] = Field("cpu")
     num_cpus_per_worker: float = Field(0.5, gt=0.0, description="Ray CPU request per rank (fractional on CPU).")
+    gpus_per_worker: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Ray GPU request per rank with device=cuda; below 1 ranks share a GPU (0.5: two per GPU). NCCL refuses "
+            "two ranks on one device, so shared GPUs use gloo (CUDA tensors staged through the host): for checks."
+        ),
+    )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
 
 
 class TrainerConfig(_Section):
     """The controller loop, checkpoints and resume."""
 
-    experiment_name: str = Field("rlhf", min_length=1)
-    run_name: str = Field("run", min_length=1, description="Checkpoint folder name under the experiment.")
+    experiment_name: PathComponent = Field(
+        "rlhf", description="Folder under checkpoint_root (and the remote store): one path component."
+    )
+    run_name: PathComponent = Field(
+        "run", description="Checkpoint folder name under the experiment: one path component."
+    )
     total_epochs: int = Field(1, gt=0)
     total_training_steps: int | None = Field(None, gt=0, description="Stop after this many steps (caps epochs).")
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     test_freq: int = Field(0, ge=0, description="Validate every N steps (0 = never during training).")
     val_before_train: bool = False
-    checkpoint_root: str = Field("checkpoints", description="Local folder for checkpoints.")
-    remote_store_url: str | None = Field(None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to.")
+    checkpoint_root: Annotated[str, _not_blank("set a folder, e.g. 'checkpoints'")] = Field(
+        "checkpoints", description="Local folder for checkpoints."
+    )
+    remote_store_url: Annotated[str | None, _not_blank("set a URL, or null to keep checkpoints local only")] = Field(
+        None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to."
+    )
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
     resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
@@ -262,7 +345,10 @@ class TrainerConfig(_Section):
 class TrackingConfig(_Section):
     """MLflow."""
 
-    mlflow_uri: str | None = Field(None, description="Tracking URI; None uses MLFLOW_TRACKING_URI.")
+    mlflow_uri: Annotated[
+        str | None,
+        _not_blank("set an http(s)://, file:// or database URI, or null to use MLFLOW_TRACKING_URI"),
+    ] = Field(None, description="Tracking URI; None uses MLFLOW_TRACKING_URI.")
     experiment: str = Field("rlhf", min_length=1)
 
 

@@ -5,8 +5,16 @@ Each rule appends a :class:`ConfigProblem`; :func:`check_config` raises once wit
 
 from __future__ import annotations
 
+from pathlib import Path
+from urllib.parse import urlsplit
+
 from rlhf_ops.config.errors import ConfigError, ConfigProblem
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, RunConfig
+
+# URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
+# free of the storage stack, a test keeps the two equal).
+CHECKPOINT_SCHEMES = ("file", "s3", "hdfs", "webhdfs")
+RESUME_KEYWORDS = ("auto", "disable")
 
 # Estimators that normalise within the group of samples of one prompt (need n >= 2).
 GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
@@ -89,6 +97,29 @@ def _check_ppo_sizes(
         )
 
 
+def _check_gpu_share(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    share = run.resources.gpus_per_worker
+    if share >= 1.0:
+        return
+    if run.resources.device != "cuda":
+        problems.append(
+            ConfigProblem(
+                "resources.gpus_per_worker",
+                f"{share} shares GPUs between ranks, but resources.device={run.resources.device}",
+                "set resources.device=cuda, or leave resources.gpus_per_worker at 1",
+            )
+        )
+    if run.rollout.tensor_model_parallel_size > 1:
+        problems.append(
+            ConfigProblem(
+                "rollout.tensor_model_parallel_size",
+                f"{run.rollout.tensor_model_parallel_size} needs one GPU per TP rank (NCCL refuses two ranks on one "
+                f"device), but resources.gpus_per_worker={share} puts ranks on a shared GPU",
+                "set rollout.tensor_model_parallel_size=1, or resources.gpus_per_worker=1",
+            )
+        )
+
+
 def _check_algorithm(run: RunConfig, problems: list[ConfigProblem]) -> None:
     algo = run.algorithm
     if algo.adv_estimator in GROUP_ESTIMATORS and run.rollout.n < 2:
@@ -110,6 +141,27 @@ def _check_algorithm(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
+def _resume_mode_problem(mode: str) -> ConfigProblem | None:
+    """``auto``, ``disable``, a URL of a known scheme, or a local path that exists (else a typo resumes nothing)."""
+    fix = "set 'auto', 'disable', an existing global_step_<N> folder or a file://, s3://, hdfs://, webhdfs:// URL"
+    if not mode.strip():
+        return ConfigProblem("trainer.resume_mode", "empty", fix)
+    if mode in RESUME_KEYWORDS:
+        return None
+    if "://" in mode:
+        parts = urlsplit(mode)
+        if parts.scheme.lower() not in CHECKPOINT_SCHEMES or not (parts.netloc or parts.path.strip("/")):
+            return ConfigProblem("trainer.resume_mode", f"{mode!r} is not a checkpoint URL of a known scheme", fix)
+        if parts.scheme.lower() == "file" and not Path(parts.path).exists():
+            return ConfigProblem("trainer.resume_mode", f"{mode!r} does not exist", fix)
+        return None
+    if not Path(mode).exists():
+        return ConfigProblem(
+            "trainer.resume_mode", f"{mode!r} is neither 'auto', 'disable', a URL nor an existing path", fix
+        )
+    return None
+
+
 def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
     if run.reward.model_path is None and run.reward.reward_fn is None:
         problems.append(
@@ -127,10 +179,9 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "set e.g. rollout.kv_cache_memory_bytes=268435456",
             )
         )
-    if not run.trainer.resume_mode.strip():
-        problems.append(
-            ConfigProblem("trainer.resume_mode", "empty", "set 'auto', 'disable' or a checkpoint path/URL")
-        )
+    resume = _resume_mode_problem(run.trainer.resume_mode)
+    if resume is not None:
+        problems.append(resume)
     tp = run.rollout.tensor_model_parallel_size
     if run.world_size % tp:
         problems.append(
@@ -174,6 +225,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_ppo_sizes("actor", run.actor, run, problems)
     if run.needs_critic:
         _check_ppo_sizes("critic", run.critic, run, problems)
+    _check_gpu_share(run, problems)
     _check_algorithm(run, problems)
     _check_rest(run, problems)
     _check_reward(run, problems)

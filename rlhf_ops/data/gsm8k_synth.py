@@ -24,7 +24,8 @@ from typing import Any, Literal
 GSM8K_SYNTH_SOURCE = "synth/gsm8k"
 HELDOUT_SHARE = 0.2
 MAX_ROWS = 100_000  # per set; the question space holds millions, but drawing many distinct ones slows down
-INSTRUCTION = "Solve it step by step. Give the final answer after '####', like '#### 42'."
+# No example number in the instruction: SmolLM2 copies one ("#### 42") instead of its own result.
+INSTRUCTION = "Solve it step by step, then write the final answer as a number after '####'."
 Split = Literal["train", "test"]
 
 _PEOPLE = [

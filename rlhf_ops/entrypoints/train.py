@@ -1,9 +1,10 @@
 """The Ray job entrypoint: ``python -m rlhf_ops.entrypoints.train --preset P [overrides]``.
 
 Builds the run from a resolved config: tokenizer and data, Ray worker groups, reward stage, loggers,
-checkpoint manager; then ``fit()``. Environment: ``RLHF_RESUME_MODE`` (set by the Airflow operator
-when it resubmits a failed job) overrides ``trainer.resume_mode``; ``MLFLOW_RUN_ID`` attaches the
-MLflow logger to the pipeline's run.
+checkpoint manager; then ``fit()``. Pre-flight (:mod:`rlhf_ops.pipeline.preflight`) runs first, before
+torch, Ray or any worker: a problem ends the command with ``error: <key>: ...`` lines and exit code 2.
+Environment: ``RLHF_RESUME_MODE`` (set by the Airflow operator when it resubmits a failed job) overrides
+``trainer.resume_mode``; ``MLFLOW_RUN_ID`` attaches the MLflow logger to the pipeline's run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.config import RunConfig, derive_batch_plan, load_config
+from rlhf_ops.config import ConfigError, RunConfig, build_config, derive_batch_plan, load_config
 from rlhf_ops.config.loader import dump_config
 
 log = logging.getLogger("rlhf_ops.train")
@@ -55,26 +56,56 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
         ray.init(include_dashboard=False, runtime_env={"env_vars": env})
 
 
+def checked_config(config: RunConfig) -> RunConfig:
+    """``config`` with ``RLHF_RESUME_MODE`` applied (and validated), after pre-flight found nothing wrong.
+
+    Raises:
+        ConfigError: a bad ``RLHF_RESUME_MODE``; ``PreflightError`` (a ConfigError): what pre-flight found.
+    """
+    from rlhf_ops.pipeline.preflight import raise_if_problems
+
+    resume = os.environ.get("RLHF_RESUME_MODE")
+    if resume:
+        data = config.model_dump(mode="json")
+        data["trainer"]["resume_mode"] = resume
+        config = build_config(data)  # validated like any other value
+    raise_if_problems(config)
+    return config
+
+
+def print_problems(exc: ConfigError) -> None:
+    """One ``error: <key>: <message>. Fix: <fix>`` line per problem on stderr."""
+    for problem in exc.problems:
+        print(f"error: {problem}", file=sys.stderr)
+
+
 def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
-    """Trains ``config`` to its last step; returns the trainer's final state."""
+    """Trains ``config`` to its last step; returns the trainer's final state.
+
+    Raises:
+        ConfigError: pre-flight found a problem (nothing was started).
+    """
+    config = checked_config(config)
     import torch
     from transformers import AutoTokenizer
 
     from rlhf_ops.checkpoint.manager import CheckpointManager
     from rlhf_ops.data.dataset import PromptDataset, PromptLoader
+    from rlhf_ops.models.generation import eos_token_ids
     from rlhf_ops.models.resolve import resolve_model_path
     from rlhf_ops.rewards import build_reward_fn
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
     from rlhf_ops.trainer.reward import RewardStage
     from workers.launcher import launch_role_groups
 
-    resume = os.environ.get("RLHF_RESUME_MODE")
-    if resume:
-        config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"resume_mode": resume})})
     torch.manual_seed(config.trainer.seed)
     plan = derive_batch_plan(config)
     model_path = resolve_model_path(config.model.path)
     tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer_path or model_path)
+    if tokenizer.pad_token_id is None:  # verl's rule: pad with eos; the response mask ends at the first eos
+        log.warning("the tokenizer has no pad token; padding with eos %r", tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    eos_ids = eos_token_ids(model_path, tokenizer)  # generation_config.json may list more than the tokenizer's
     data = config.data
 
     def dataset(files: list[str], seed: int) -> PromptDataset:
@@ -121,7 +152,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         model_path=model_path,
         total_training_steps=total,
         pad_token_id=int(tokenizer.pad_token_id),
-        eos_token_id=int(tokenizer.eos_token_id),
+        eos_token_id=tuple(eos_ids),
     )
     logger = build_loggers(config, run_dir)
     try:
@@ -163,6 +194,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             logger=logger,
             tokenizer=tokenizer,
             checkpointer=checkpointer,
+            eos_token_ids=eos_ids,
         )
         return trainer.fit()
     finally:
@@ -177,14 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from rlhf_ops.config import ConfigError
-
     try:
-        config = load_config(args.preset, args.overrides)
+        run_training(load_config(args.preset, args.overrides), ray_address=args.ray_address)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_problems(exc)
         return 2
-    run_training(config, ray_address=args.ray_address)
     return 0
 
 

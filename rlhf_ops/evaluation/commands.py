@@ -26,6 +26,7 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     model.add_argument("--n-samples", type=int, default=0, help="sampled responses per prompt for pass@k (0: off)")
     model.add_argument("--batch-size", type=int, default=64)
     model.add_argument("--no-chat-template", action="store_true", help="feed the raw prompt text")
+    model.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="generation engine (vllm: faster)")
     model.add_argument("--out", required=True, help="report JSON to write")
     model.set_defaults(func=_eval_model)
     gain = ev_sub.add_parser("gain", help="paired gain AFTER - BEFORE over the same prompts, with a 95%% interval")
@@ -46,6 +47,7 @@ def _eval_model(args: argparse.Namespace) -> int:
             n_samples=args.n_samples,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
+            engine=args.engine,
         )
         data = EvalData(
             files=args.data,

@@ -42,12 +42,16 @@ class EvalSettings:
     num_examples: int = 16
     """Greedy generations kept in the report and the MLflow table."""
     dtype: str = "float32"
+    engine: str = "hf"
+    """``hf`` (transformers, the model in this process) or ``vllm`` (in-process vLLM engine, faster)."""
 
     def __post_init__(self) -> None:
         if self.max_prompts < 1:
             raise ValueError(f"max_prompts={self.max_prompts} must be >= 1")
         if self.n_samples < 0:
             raise ValueError(f"n_samples={self.n_samples} must be >= 0 (0: greedy only)")
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"engine={self.engine!r} must be 'hf' or 'vllm'")
         if any(not 1 <= k <= self.n_samples for k in self.ks):
             raise ValueError(f"ks={self.ks} must lie in 1..n_samples={self.n_samples}")
 
@@ -134,11 +138,16 @@ def evaluate_model(
         "created_at"}``; ``per_prompt`` holds each prompt's greedy score and correctness, in prompt order.
     """
     from rlhf_ops.data.dataset import PromptDataset
-    from rlhf_ops.evaluation.generate import generate, load_policy
+    from rlhf_ops.evaluation.generate import generate, generate_vllm, load_policy
     from rlhf_ops.rewards import load_reward_fn
 
     score_fn = load_reward_fn(reward_fn) if isinstance(reward_fn, str) else reward_fn
-    model, tokenizer = load_policy(str(model_dir), dtype=settings.dtype)
+    if settings.engine == "vllm":
+        from transformers import AutoTokenizer
+
+        model, tokenizer = None, AutoTokenizer.from_pretrained(str(model_dir))
+    else:
+        model, tokenizer = load_policy(str(model_dir), dtype=settings.dtype)
     dataset = PromptDataset.from_sources(
         list(data.files),
         tokenizer,
@@ -151,24 +160,25 @@ def evaluate_model(
         seed=data.seed,
     )
     indices = list(range(min(settings.max_prompts, len(dataset))))
-    common = {"max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size, "seed": settings.seed}
-    greedy = _score_all(
-        generate(model, tokenizer, dataset, indices, n=1, do_sample=False, **common), dataset, score_fn
-    )
+
+    def run(n: int, do_sample: bool) -> list[Any]:
+        kw: dict[str, Any] = {
+            "n": n,
+            "do_sample": do_sample,
+            "max_new_tokens": settings.max_new_tokens,
+            "seed": settings.seed,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k,
+        }
+        if settings.engine == "vllm":
+            return generate_vllm(str(model_dir), tokenizer, dataset, indices, dtype=settings.dtype, **kw)
+        return generate(model, tokenizer, dataset, indices, batch_size=settings.batch_size, **kw)
+
+    greedy = _score_all(run(1, False), dataset, score_fn)
     metrics = greedy_metrics(greedy)
     if settings.n_samples:
-        sampled = generate(
-            model,
-            tokenizer,
-            dataset,
-            indices,
-            n=settings.n_samples,
-            do_sample=True,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            top_k=settings.top_k,
-            **common,
-        )
+        sampled = run(settings.n_samples, True)
         ks = list(settings.ks) or default_ks(settings.n_samples)
         metrics.update(sample_metrics(_score_all(sampled, dataset, score_fn), n=settings.n_samples, ks=ks))
     examples = _examples(greedy[: settings.num_examples], dataset)

@@ -88,3 +88,68 @@ def generate(
             text = tokenizer.decode(tokens[: int(length)].tolist(), skip_special_tokens=True)
             out.append(Generation(prompt_index=chunk[row // n], sample=row % n, text=text, length=int(length)))
     return out
+
+
+def generate_vllm(
+    model_dir: str,
+    tokenizer: Any,
+    dataset: PromptDataset,
+    indices: Sequence[int],
+    *,
+    n: int,
+    do_sample: bool,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    seed: int = 0,
+    dtype: str = "float32",
+    kv_cache_memory_bytes: int = 1024 * 1024 * 1024,
+) -> list[Generation]:
+    """As :func:`generate`, with an in-process vLLM engine (continuous batching: much faster on many prompts).
+
+    The engine stops on every EOS id of the model's ``generation_config.json`` and the tokenizer's EOS;
+    token ids go in and out (the prompts are the dataset's own encodings, chat template included).
+    """
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    eos = {int(tokenizer.eos_token_id)}
+    gen_cfg = os.path.join(model_dir, "generation_config.json")
+    if os.path.isfile(gen_cfg):
+        import json
+
+        ids = json.loads(open(gen_cfg).read()).get("eos_token_id")
+        eos.update(int(i) for i in (ids if isinstance(ids, list) else [ids] if ids is not None else []))
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "enforce_eager": True,
+        "seed": seed,
+        "generation_config": "vllm",
+        "skip_tokenizer_init": True,
+        "disable_log_stats": True,
+    }
+    if not torch.cuda.is_available():
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    llm = LLM(model_dir, **kwargs)
+    params = SamplingParams(
+        n=n,
+        temperature=temperature if do_sample else 0.0,
+        top_p=top_p if do_sample else 1.0,
+        top_k=top_k if do_sample else -1,
+        max_tokens=max_new_tokens,
+        stop_token_ids=sorted(eos),
+        seed=seed,
+        detokenize=False,
+    )
+    prompts = [TokensPrompt(prompt_token_ids=dataset.prompt_ids[i]) for i in indices]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    out: list[Generation] = []
+    for prompt_index, result in zip(indices, results, strict=True):
+        for sample, completion in enumerate(result.outputs):
+            tokens = list(completion.token_ids)
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            out.append(Generation(prompt_index=prompt_index, sample=sample, text=text, length=len(tokens)))
+    return out

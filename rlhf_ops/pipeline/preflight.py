@@ -1,37 +1,120 @@
-"""The ``preflight`` task: resolve and validate the run's config, check what it needs is reachable, plan it.
+"""Pre-flight: everything a run needs, checked before any worker starts, one line per problem.
 
-Nothing is submitted to the cluster before this passes: a bad value fails here with the config's own
-message (one line per problem, naming the key and the fix), and so does a model folder, a prepared data file
-or a remote store that the run could not use. The result (an XCom) holds the resolved config, the training
-job's entrypoint and the global steps at which checkpoints will be committed, which the evaluation tasks
-are mapped over.
+:func:`preflight_problems` is the one check that ``rlhf train``, ``rlhf config show --check`` and the Airflow
+``preflight`` task share: model folders, tokenizer (pad / eos, a chat template for chat prompts), the reward
+function's import and signature, data files and their columns, the remote store, an explicit resume
+checkpoint and the MLflow server. Each problem names the config key and the fix; nothing raises a traceback.
+
+The Airflow task (:func:`run_preflight`) adds what only the pipeline knows: the prepared data's row counts,
+and the plan (the resolved config, the training job's entrypoint and the global steps at which checkpoints
+will be committed, which the evaluation tasks are mapped over).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.config import RunConfig, load_config
+from rlhf_ops.config import ConfigError, RunConfig, load_config
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.params import PipelineParams, param_overrides, run_overrides, train_entrypoint
+from rlhf_ops.pipeline.preflight_checks import (
+    Problem,
+    check_data_files,
+    check_model_dir,
+    check_remote_store,
+    check_resume_checkpoint,
+    check_reward_fn,
+    check_tokenizer,
+    check_tracking,
+)
 
 log = logging.getLogger(__name__)
 
-BUILTIN_PREFIX = "builtin:"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+class PreflightError(ConfigError):
+    """Something the run needs is missing, wrong or unreachable; ``problems`` has one entry per problem."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        super().__init__(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        self.args = (f"preflight found {len(self.problems)} problem(s); nothing was started:\n{lines}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
-class PreflightError(ValueError):
-    """Something the run needs is missing or unreachable; one line per problem."""
+def preflight_problems(
+    config: RunConfig, *, notes: list[str] | None = None, remote_probe_dir: str | None = None
+) -> list[Problem]:
+    """Every problem pre-flight finds in ``config`` (empty: the run can start).
 
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("preflight failed:\n" + "\n".join(f"  - {p}" for p in self.problems))
+    Args:
+        config: The resolved, validated config.
+        notes: If given, receives one line per thing worth knowing that is not a problem (pad == eos).
+        remote_probe_dir: Where to prove write access to ``trainer.remote_store_url``; default: the run's
+            folder there (``<remote_store_url>/<experiment_name>/<run_name>``).
+
+    Returns:
+        The problems, in config order; each is one line (``key: message. Fix: fix``).
+    """
+    notes = [] if notes is None else notes
+    model, data, trainer = config.model, config.data, config.trainer
+    problems = check_model_dir("model.path", model.path)
+    tokenizer_key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
+    if model.tokenizer_path:
+        problems += check_model_dir_exists(tokenizer_key, model.tokenizer_path)
+    if config.needs_critic:
+        problems += check_model_dir("critic.model_path", config.critic.model_path)
+    problems += check_model_dir("reward.model_path", config.reward.model_path)
+    truth_key = data.ground_truth_key if config.reward.reward_fn else None  # a reward model needs no truth
+    chat = False
+    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        found, has_chat = check_data_files(key, files, prompt_key=data.prompt_key, ground_truth_key=truth_key)
+        problems += found
+        chat = chat or has_chat
+    # A folder that is not a model at all gets one line (from check_model_dir), not one per missing file.
+    if model.tokenizer_path or (Path(model.path) / "config.json").is_file():
+        chat_prompts = chat and data.apply_chat_template
+        problems += check_tokenizer(
+            tokenizer_key, model.tokenizer_path or model.path, chat_prompts=chat_prompts, notes=notes
+        )
+    problems += check_reward_fn(config.reward.reward_fn)
+    if trainer.remote_store_url:
+        probe = remote_probe_dir or "/".join(
+            [trainer.remote_store_url.rstrip("/"), trainer.experiment_name, trainer.run_name]
+        )
+        problems += check_remote_store("trainer.remote_store_url", trainer.remote_store_url, probe_dir=probe)
+    problems += check_resume_checkpoint(trainer.resume_mode)
+    if "mlflow" in trainer.logger:
+        problems += check_tracking(config.tracking.mlflow_uri)
+    return _dedupe(problems)
+
+
+def check_model_dir_exists(key: str, path: str) -> list[Problem]:
+    """A tokenizer-only folder: it must exist (its files are checked by ``check_tokenizer``)."""
+    if path.startswith("builtin:") or Path(path).is_dir():
+        return []
+    return [Problem(key, f"{path} is not a folder visible here", "put the tokenizer on a path every node can read")]
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    # The same file in train and val files, or the same folder as model and critic, is reported once.
+    return list(dict.fromkeys(problems))
+
+
+def raise_if_problems(config: RunConfig, **kwargs: Any) -> list[str]:
+    """Runs :func:`preflight_problems`; raises :class:`PreflightError` if any, else returns the notes."""
+    notes: list[str] = []
+    problems = preflight_problems(config, notes=notes, **kwargs)
+    if problems:
+        raise PreflightError(problems)
+    for note in notes:
+        log.info("preflight: %s", note)
+    return notes
 
 
 def plan_checkpoints(config: RunConfig, *, num_train: int) -> tuple[int, list[int]]:
@@ -56,53 +139,21 @@ def plan_checkpoints(config: RunConfig, *, num_train: int) -> tuple[int, list[in
     return total, sorted(steps)
 
 
-def _check_model(config: RunConfig) -> list[str]:
-    problems = []
-    for key, path in (("model.path", config.model.path), ("model.tokenizer_path", config.model.tokenizer_path)):
-        if path is None or path.startswith(BUILTIN_PREFIX):
-            continue  # built-in models are built where they are used
-        folder = Path(path)
-        if not folder.is_dir():
-            problems.append(f"{key}: {path} is not a folder visible here; put the HF model on the shared path")
-        elif key == "model.path" and not (folder / "config.json").is_file():
-            problems.append(f"{key}: {path} has no config.json; point it at an HF model folder")
-        elif key == "model.tokenizer_path" or config.model.tokenizer_path is None:
-            if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-                problems.append(f"{key}: {path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})")
-    return problems
-
-
-def _check_data(prepared: Mapping[str, Any]) -> list[str]:
+def _check_prepared(prepared: Mapping[str, Any]) -> list[Problem]:
     from rlhf_ops.storage import open_store
 
     problems = []
     if int(prepared.get("num_train", 0)) <= 0:
-        problems.append("data: the prepared training set is empty; check dataset_url and field_map")
-    for key in ("train_url", "val_url", "manifest_url"):
-        url = prepared.get(key)
-        if not url:
-            continue
+        problems.append(Problem("data", "the prepared training set is empty", "check dataset_url and field_map"))
+    url = prepared.get("manifest_url")
+    if url:
         try:
             fs, path = open_store(str(url))
             if not fs.exists(path):
-                problems.append(f"data: {key} {url} does not exist; re-run prepare_data")
+                problems.append(Problem("data", f"manifest_url {url} does not exist", "re-run prepare_data"))
         except (OSError, ValueError) as exc:
-            problems.append(f"data: cannot read {url}: {exc}")
+            problems.append(Problem("data", f"cannot read {url}: {exc}", "re-run prepare_data"))
     return problems
-
-
-def check_remote_store(url: str, *, probe_dir: str) -> list[str]:
-    """Write and delete a small file under ``probe_dir`` (a URL under the store) to prove write access."""
-    from rlhf_ops.storage import open_store, redact_url
-
-    probe = f"{probe_dir.rstrip('/')}/.preflight-{uuid.uuid4().hex[:8]}"
-    try:
-        fs, path = open_store(probe)
-        fs.pipe_file(path, b"ok\n")
-        fs.rm_file(path)
-    except Exception as exc:  # any store error: wrong endpoint, credentials, bucket, permissions
-        return [f"trainer.remote_store_url: cannot write to {redact_url(url)} ({type(exc).__name__}: {exc})"]
-    return []
 
 
 def _check_local_root(root: str) -> None:
@@ -145,14 +196,18 @@ def run_preflight(
         "layout", "checkpoint_url", "registered_model_name"}``.
 
     Raises:
-        ConfigError: an invalid value. PreflightError: something unreachable. ValueError: too little data.
+        ConfigError: an invalid value; PreflightError (a ConfigError): something missing, wrong or unreachable.
+        ValueError: too little data.
     """
     config, overrides = resolve_run_config(params, layout, prepared, model_path=model_path)
-    problems = _check_model(config) + _check_data(prepared)
-    if layout.remote_run_url:
-        problems += check_remote_store(str(config.trainer.remote_store_url), probe_dir=layout.remote_run_url)
+    notes: list[str] = []
+    problems = _check_prepared(prepared) + preflight_problems(
+        config, notes=notes, remote_probe_dir=layout.remote_run_url
+    )
     if problems:
         raise PreflightError(problems)
+    for note in notes:
+        log.info("preflight: %s", note)
     _check_local_root(layout.checkpoint_root)
     total, steps = plan_checkpoints(config, num_train=int(prepared["num_train"]))
     log.info("preflight ok: %d steps, checkpoints at %s, run folder %s", total, steps, layout.local_run_dir)

@@ -58,6 +58,50 @@ def compute_throughput_metrics(*, num_tokens: int, step_seconds: float, world_si
     }
 
 
+def compute_rollout_probs_diff(
+    rollout_log_probs: Tensor, actor_log_probs: Tensor, response_mask: Tensor
+) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the actor's recomputed ones (verl's names).
+
+    verl's ``calculate_debug_metrics``: on probabilities, not log-probs, so near-zero-probability tokens
+    (whose log-probs can differ by a lot while both engines agree the token is unlikely) do not dominate.
+    A value far above fp noise means the engine does not run the actor's weights (a failed weight sync, a
+    dtype mismatch) and every importance ratio of the update is off.
+
+    Args:
+        rollout_log_probs: (B, R) log-probs the engine reported for the sampled tokens.
+        actor_log_probs: (B, R) the actor's teacher-forced log-probs of the same tokens (``old_log_probs``),
+            at the same temperature (the engine reports temperature-1 log-probs: compare at temperature 1).
+        response_mask: (B, R) 1 on response tokens (the EOS included), 0 on padding.
+
+    Returns:
+        ``training/rollout_probs_diff_{max,mean,std}`` of ``|exp(rollout) - exp(actor)|`` over the masked
+        tokens, and ``training/rollout_actor_probs_pearson_corr`` of the two probability vectors; ``{}``
+        when no token is masked in.
+    """
+    if not rollout_log_probs.shape == actor_log_probs.shape == response_mask.shape:
+        raise ValueError(
+            f"rollout_log_probs {tuple(rollout_log_probs.shape)}, actor_log_probs {tuple(actor_log_probs.shape)} and "
+            f"response_mask {tuple(response_mask.shape)} must all be (B, R)."
+        )
+    keep = response_mask.bool()
+    rollout = torch.exp(rollout_log_probs.detach().double())[keep]  # (N,) N = response tokens
+    actor = torch.exp(actor_log_probs.detach().double().to(rollout_log_probs.device))[keep]
+    if rollout.numel() == 0:
+        return {}
+    diff = (rollout - actor).abs()
+    metrics = {
+        "training/rollout_probs_diff_max": diff.max().item(),
+        "training/rollout_probs_diff_mean": diff.mean().item(),
+        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
+    }
+    centred_r, centred_a = rollout - rollout.mean(), actor - actor.mean()
+    denom = (centred_r.norm() * centred_a.norm()).item()
+    if denom > 0:  # undefined when either side is constant (e.g. one token)
+        metrics["training/rollout_actor_probs_pearson_corr"] = (centred_r @ centred_a).item() / denom
+    return metrics
+
+
 def reduce_worker_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Mean over ranks of each metric (workers already reduced over their micro-batches)."""
     keys = sorted({k for m in per_rank for k in m})

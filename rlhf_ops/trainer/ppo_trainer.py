@@ -7,7 +7,7 @@ Notation: B = sequences of a step (prompts x n), R = response length.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,12 @@ from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
-from rlhf_ops.trainer.metrics import compute_data_metrics, compute_reward_metrics_by_source, compute_throughput_metrics
+from rlhf_ops.trainer.metrics import (
+    compute_data_metrics,
+    compute_reward_metrics_by_source,
+    compute_rollout_probs_diff,
+    compute_throughput_metrics,
+)
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
 from rlhf_ops.trainer.timing import StageTimer
@@ -81,11 +86,14 @@ class PPOTrainer:
         logger: MetricLogger,
         tokenizer: Any,
         checkpointer: Any | None = None,
+        eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         self.config, self.plan = config, plan
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
         self.train_loader, self.val_loader = train_loader, val_loader
         self.logger, self.tokenizer, self.checkpointer = logger, tokenizer, checkpointer
+        # Every id that ends a response (rlhf_ops.models.generation.eos_token_ids); default: the tokenizer's.
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
         self.state = TrainerState()
         steps_per_epoch = len(train_loader)
@@ -103,7 +111,7 @@ class PPOTrainer:
             "top_k": r.top_k,
             "do_sample": True,
             "response_length": r.max_new_tokens,
-            "eos_token_id": int(self.tokenizer.eos_token_id),
+            "eos_token_id": list(self.eos_token_ids),
             "pad_token_id": int(self.tokenizer.pad_token_id),
             "recompute_log_prob": True,
         }
@@ -137,6 +145,11 @@ class PPOTrainer:
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer)
+        # The engine's log-probs against the actor's recompute; engines report temperature-1 ("raw")
+        # log-probs while old_log_probs use the rollout temperature, so they compare only at temperature 1.
+        if "old_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
+            b = batch.tensors
+            metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"]))
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
             metrics["perf/dp_token_imbalance"] = imbalance
@@ -190,6 +203,7 @@ class PPOTrainer:
             sampling=self.config.rollout.val_kwargs,
             response_length=self.config.rollout.max_new_tokens,
             tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
         )
 
     def fit(self) -> TrainerState:

@@ -3,6 +3,7 @@ report reward (and accuracy where the reward function returns ``acc``) per data 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ def generate_and_score(
     sampling: SamplingConfig,
     response_length: int,
     tokenizer: Any,
+    eos_token_ids: Sequence[int] | None = None,
 ) -> tuple[DataProto, dict[str, list[float]], list[str]]:
     """Every validation prompt, ``sampling.n`` times; returns the scored batch, reward extras and texts."""
     from rlhf_ops.trainer.ppo_trainer import merge_generation
@@ -42,7 +44,7 @@ def generate_and_score(
                 "do_sample": sampling.do_sample,
                 "validate": True,
                 "response_length": response_length,
-                "eos_token_id": int(tokenizer.eos_token_id),
+                "eos_token_id": list(eos_token_ids) if eos_token_ids else int(tokenizer.eos_token_id),
                 "pad_token_id": int(tokenizer.pad_token_id),
                 "recompute_log_prob": False,
             }
@@ -64,6 +66,7 @@ def validate(
     sampling: SamplingConfig,
     response_length: int,
     tokenizer: Any,
+    eos_token_ids: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """``val/<source>/reward/mean`` (+ extras such as ``acc``), ``val/response_length/mean``."""
     batch, extras, _ = generate_and_score(
@@ -73,6 +76,7 @@ def validate(
         sampling=sampling,
         response_length=response_length,
         tokenizer=tokenizer,
+        eos_token_ids=eos_token_ids,
     )
     scores = batch.tensors["token_level_scores"].sum(-1)
     sources = list(batch.non_tensor_batch["data_source"])

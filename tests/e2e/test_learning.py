@@ -81,3 +81,5 @@ def test_tiny_cpu_learns_with_vllm_rollout_remove_padding_and_dynamic_bsz(tmp_pa
     first, last = _mean(rows[:5], "critic/score/mean"), _mean(rows[-5:], "critic/score/mean")
     assert first < 0.1 and last > 0.3, f"vLLM run mean score {first:.3f} (first 5 steps) -> {last:.3f} (last 5)"
     assert all(r["timing_s/worker/update_weights"] > 0 for r in rows)  # the actor's weights reached vLLM each step
+    # ... and vLLM ran exactly them: its token probabilities equal the actor's recompute to fp32 noise.
+    assert max(r["training/rollout_probs_diff_max"] for r in rows) < 1e-4

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_ops.config.batch_plan import BatchPlan
+from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
 from rlhf_ops.protocol import DataProto
 from workers.actor.dp_actor import DataParallelPPOActor
@@ -57,7 +58,7 @@ class ActorRolloutRefSpec:
     plan: BatchPlan
     total_training_steps: int
     pad_token_id: int
-    eos_token_id: int
+    eos_token_id: int | tuple[int, ...]  # every id that ends a response (rlhf_ops.models.generation)
     seed: int
     device: str
 
@@ -99,14 +100,19 @@ class ActorRolloutRefWorker(Worker):
         common: dict[str, Any] = {
             "mesh": self.mesh,
             "device": self.device,
-            "dtype": spec.model.dtype,
             "attn_implementation": spec.model.attn_implementation,
             "trust_remote_code": spec.model.trust_remote_code,
         }
         # LoRA: the actor is base + adapters; the reference policy is that module with adapters disabled.
         lora = spec.model.lora if "actor" in self.parts and spec.model.lora.rank > 0 else None
         if self.parts & {"actor", "rollout"}:
-            module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, lora=lora, **common)
+            # fp32 master weights and optimizer state; model.dtype is the compute dtype (rlhf_ops.config.precision).
+            precision = resolve_precision(
+                spec.model.dtype, spec.actor.fsdp, trained="actor" in self.parts, device=self.device.type
+            )
+            module = build_fsdp_model(
+                spec.model_path, kind="causal_lm", cfg=spec.actor.fsdp, lora=lora, precision=precision, **common
+            )
             optimizer = scheduler = None
             if "actor" in self.parts:
                 optimizer = build_optimizer(module, spec.actor.optim)
@@ -138,7 +144,13 @@ class ActorRolloutRefWorker(Worker):
             assert self.actor is not None
             ref_module = self.actor.module  # forwards under adapters_disabled (see _reference_forward)
         else:
-            ref_module = build_fsdp_model(spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, **common)
+            # No optimizer: on GPU stored in the compute dtype (bf16), on CPU fp32 under the actor's autocast.
+            precision = resolve_precision(
+                spec.model.dtype, spec.ref.fsdp, trained=False, device=self.device.type, role="ref"
+            )
+            ref_module = build_fsdp_model(
+                spec.model_path, kind="causal_lm", cfg=spec.ref.fsdp, precision=precision, **common
+            )
             ref_module.eval()
         return DataParallelPPOActor(
             ref_module,
@@ -187,8 +199,13 @@ class ActorRolloutRefWorker(Worker):
             )
             # The engine holds its own copy of the weights: the manager gathers the FSDP shards bucket by
             # bucket into it before each generation that follows an update (and frees KV cache after, on GPU).
+            # Cast to the engine's dtype at the gather: fp32 masters into a bf16 engine move half the bytes.
             self.sharding_manager = FSDPShardingManager(
-                self.actor.module, engine, bucket_bytes=r.weight_sync_bucket_mb * 2**20, device=self.device
+                self.actor.module,
+                engine,
+                bucket_bytes=r.weight_sync_bucket_mb * 2**20,
+                device=self.device,
+                dtype=getattr(torch, r.dtype),
             )
             return engine
         from workers.rollout.hf_rollout import HFRollout

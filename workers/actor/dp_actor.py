@@ -32,7 +32,7 @@ from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
-from workers.sp.ulysses import enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
+from workers.sp.ulysses import check_ulysses_heads, enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
 from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
 
@@ -108,6 +108,7 @@ class DataParallelPPOActor:
                     f"actor.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
                     "actor.use_remove_padding=True."
                 )
+            check_ulysses_heads(getattr(module, "config", None), self.sp_size)
             enable_ulysses_attention(module)
         self.loss_scale = self.dp_size * self.sp_size
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, ModelConfig
 from rlhf_ops.protocol import DataProto
 from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
@@ -61,7 +62,9 @@ class CriticWorker(Worker):
             mesh=mesh,
             cfg=spec.critic.fsdp,
             device=self.device,
-            dtype=spec.model.dtype,
+            precision=resolve_precision(
+                spec.model.dtype, spec.critic.fsdp, trained=True, device=self.device.type, role="critic"
+            ),
             attn_implementation=spec.model.attn_implementation,
             trust_remote_code=spec.model.trust_remote_code,
         )

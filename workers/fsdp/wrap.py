@@ -25,11 +25,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
+from rlhf_ops.config.precision import RolePrecision, mechanism_for
 from rlhf_ops.config.schema import FSDPConfig, LoraConfig
 from workers.fsdp.lora import apply_lora
 from workers.fsdp.model import ModelKind, find_decoder_blocks, load_hf_model
+from workers.fsdp.precision import enable_cpu_autocast, mixed_precision_policy
 
 __all__ = ["apply_fsdp2", "build_fsdp_model", "load_full_state_dict"]
 
@@ -38,19 +40,35 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, cfg: FSDPConfig) -> nn.Module:
+def _model_precision(model: nn.Module, cfg: FSDPConfig, device_type: str) -> RolePrecision:
+    """Precision when the caller resolved none: master = the model's own dtype, compute from ``cfg``."""
+    master = str(next(model.parameters()).dtype).removeprefix("torch.")
+    compute = cfg.mixed_precision.param_dtype or master
+    return RolePrecision(
+        master=master,  # type: ignore[arg-type]
+        compute=compute,  # type: ignore[arg-type]
+        reduce=cfg.mixed_precision.reduce_dtype,
+        mechanism=mechanism_for(master, compute, device=device_type),  # type: ignore[arg-type]
+    )
+
+
+def apply_fsdp2(
+    model: nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, *, precision: RolePrecision | None = None
+) -> nn.Module:
     """Applies activation checkpointing and FSDP2 to an HF model, in place, in a fixed order.
 
     Args:
         model: HF model, on the host or on ``meta`` (then load weights with :func:`load_full_state_dict`).
         mesh: From :func:`workers.fsdp.mesh.build_device_mesh` (1-D FSDP or 2-D HSDP).
-        cfg: The role's FSDP section. ``mixed_precision`` becomes a ``MixedPrecisionPolicy`` (gathered
-            params in ``param_dtype``, gradients reduced in ``reduce_dtype``; master weights keep the
-            model's dtype). ``param_offload`` becomes ``CPUOffloadPolicy`` (sharded params and grads on the
+        cfg: The role's FSDP section. ``param_offload`` becomes ``CPUOffloadPolicy`` (sharded params and grads on the
             host, the optimizer steps on the host); it needs an accelerator mesh and is ignored on a CPU
             mesh, where everything is on the host already. ``reshard_after_forward`` applies to every
             block and to the root (explicit for the root too: a root left unsharded after forward would
             expose plain tensors, not DTensors, to state-dict and weight-sync code).
+        precision: From :func:`rlhf_ops.config.precision.resolve_precision`; the model must already be in
+            ``precision.master``. ``"fsdp2"`` becomes a ``MixedPrecisionPolicy`` (params gathered in the compute
+            dtype, gradients reduced in ``precision.reduce``), ``"autocast"`` wraps the forward in CPU autocast
+            (:mod:`workers.fsdp.precision`). None: master = the model's dtype, compute = ``cfg.mixed_precision``.
 
     Returns:
         ``model`` itself, now an ``FSDPModule``.
@@ -67,11 +85,8 @@ def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, cfg: FSDPConfig) -> nn.Modul
             )
         # Non-reentrant checkpointing: works with FSDP2 hooks and with inputs that need no grad.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=_dtype(cfg.mixed_precision.param_dtype),
-        reduce_dtype=_dtype(cfg.mixed_precision.reduce_dtype),
-        cast_forward_inputs=True,
-    )
+    precision = precision or _model_precision(model, cfg, mesh.device_type)
+    mp_policy = mixed_precision_policy(precision)
     offload: OffloadPolicy = OffloadPolicy()
     if cfg.param_offload and mesh.device_type != "cpu":
         offload = CPUOffloadPolicy(pin_memory=True)
@@ -79,6 +94,8 @@ def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, cfg: FSDPConfig) -> nn.Modul
     for block in find_decoder_blocks(model):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload)
+    if precision.mechanism == "autocast":
+        enable_cpu_autocast(model, _dtype(precision.compute))
     return model
 
 
@@ -148,15 +165,18 @@ def build_fsdp_model(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     lora: LoraConfig | None = None,
+    precision: RolePrecision | None = None,
 ) -> nn.Module:
     """Rank 0 loads ``path``, the others build on ``meta``; FSDP2 is applied and rank 0's weights broadcast.
 
     Collective over the default process group. See :func:`workers.fsdp.model.load_hf_model` for ``kind``.
     With ``lora`` of rank > 0 the model is wrapped with PEFT LoRA adapters before FSDP2
     (:func:`workers.fsdp.lora.apply_lora`): only the adapters train, and rank 0's adapter init is broadcast
-    with the base weights.
+    with the base weights. ``precision`` (see :func:`apply_fsdp2`) overrides ``dtype`` with ``precision.master``.
     """
     rank = dist.get_rank()
+    if precision is not None:
+        dtype = precision.master
     hf_model = load_hf_model(
         path,
         kind=kind,
@@ -168,7 +188,7 @@ def build_fsdp_model(
     model: nn.Module = apply_lora(hf_model, lora) if lora is not None and lora.rank > 0 else hf_model
     # The dict holds the original tensors: fully_shard copies them into new shards, these stay valid.
     full = model.state_dict() if rank == 0 else None
-    apply_fsdp2(model, mesh, cfg)
+    apply_fsdp2(model, mesh, cfg, precision=precision)
     offload = cfg.param_offload and mesh.device_type != "cpu"
     load_full_state_dict(model, full, device=device, cpu_offload=offload)
     return model

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
-from rlhf_ops.config.schema import FSDPConfig
+from rlhf_ops.config.precision import resolve_precision
+from rlhf_ops.config.schema import DType, FSDPConfig
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.mesh import build_device_mesh, get_device
 from workers.fsdp.wrap import build_fsdp_model
@@ -24,7 +25,7 @@ from workers.single_controller.worker import RankContext, Worker
 class RewardModelSpec:
     model_path: str
     micro_batch_size: int
-    dtype: str
+    dtype: DType
     attn_implementation: str
     fsdp: FSDPConfig
     device: str
@@ -36,6 +37,35 @@ def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
     last = (response_mask.long().sum(-1) - 1).clamp(min=0)
     out[torch.arange(out.shape[0], device=out.device), last] = scores.float()
     return out
+
+
+def score_at_last_attended_token(
+    module: nn.Module, *, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor
+) -> Tensor:
+    """(B,) reward-model scores read at each row's last attended token (verl pools by the mask, too).
+
+    HF sequence classifiers pool at the last token that is not ``pad_token_id``; when pad == eos (SmolLM2,
+    Qwen2.5) that skips the response's real EOS, so the model would score the answer without its ending.
+    The per-token scores of the ``score`` head (B, T, 1) are captured with a forward hook and read at the
+    last column whose ``attention_mask`` is 1. Models without a ``score`` head keep HF's pooled logits.
+
+    Args:
+        module: An HF ``*ForSequenceClassification`` model with ``num_labels=1`` (FSDP2-wrapped or plain).
+        input_ids: (B, T); attention_mask: (B, T) 1 on real tokens; position_ids: (B, T).
+    """
+    head = getattr(module, "score", None)
+    captured: list[Tensor] = []
+    handle = head.register_forward_hook(lambda _m, _i, out: captured.append(out)) if head is not None else None
+    try:
+        pooled = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    if not captured:
+        return pooled[:, 0].float()
+    per_token = captured[-1][..., 0].float()  # (B, T)
+    last = attention_mask.long().cumsum(-1).argmax(-1)  # first column reaching the row's token count: its last 1
+    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
 
 
 class RewardModelWorker(Worker):
@@ -55,7 +85,9 @@ class RewardModelWorker(Worker):
             mesh=mesh,
             cfg=self.spec.fsdp,
             device=self.device,
-            dtype=self.spec.dtype,
+            precision=resolve_precision(
+                self.spec.dtype, self.spec.fsdp, trained=False, device=self.device.type, role="reward"
+            ),
             attn_implementation=self.spec.attn_implementation,
         )
         self.module.eval()
@@ -65,8 +97,8 @@ class RewardModelWorker(Worker):
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): the model's score of the full sequence at the last response token.
 
-        HF sequence classifiers pool at the last non-pad token, found from ``pad_token_id``; with
-        right-padded responses that is the last valid response token.
+        Read at each row's last attended token (:func:`score_at_last_attended_token`): the response's
+        EOS is scored even when it equals ``pad_token_id``.
         """
         batch = data.batch
         assert batch is not None
@@ -74,11 +106,13 @@ class RewardModelWorker(Worker):
         with torch.no_grad():
             for start in range(0, len(data), self.spec.micro_batch_size):
                 sl = slice(start, start + self.spec.micro_batch_size)
-                out = self.module(
-                    input_ids=batch["input_ids"][sl].to(self.device),
-                    attention_mask=batch["attention_mask"][sl].to(self.device),
-                    position_ids=batch["position_ids"][sl].to(self.device),
+                scores.append(
+                    score_at_last_attended_token(
+                        self.module,
+                        input_ids=batch["input_ids"][sl].to(self.device),
+                        attention_mask=batch["attention_mask"][sl].to(self.device),
+                        position_ids=batch["position_ids"][sl].to(self.device),
+                    ).cpu()
                 )
-                scores.append(out.logits[:, 0].float().cpu())
         token_scores = place_at_last_token(torch.cat(scores), batch["response_mask"])
         return DataProto.from_dict({"rm_scores": token_scores})

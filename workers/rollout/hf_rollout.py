@@ -138,7 +138,8 @@ class HFRollout:
         Raises:
             ValueError: on a name the module does not have, or a shape mismatch.
         """
-        targets: dict[str, Tensor] = dict(self.module.named_parameters())
+        # Every name of a tied parameter (lm_head.weight is embed_tokens.weight): the sync sends both.
+        targets: dict[str, Tensor] = dict(self.module.named_parameters(remove_duplicate=False))
         targets.update(dict(self.module.named_buffers()))
         with torch.no_grad():
             for name, value in weights:

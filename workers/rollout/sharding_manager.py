@@ -17,7 +17,8 @@ the whole model. A plain module (no FSDP) works too: its tensors are already ful
 
 Names: the engine receives HF names. A PEFT model's ``base_model.model.`` prefix is stripped, each LoRA
 layer is sent merged (``W + scaling * B @ A``, computed in float32, the adapters themselves are not sent),
-``modules_to_save`` copies replace their originals; then ``name_map`` (if given) maps every remaining
+``modules_to_save`` copies replace their originals, a tied parameter goes out under every name it has
+(see :meth:`FSDPShardingManager._build_plan`); then ``name_map`` (if given) maps every remaining
 name, for models whose engine names differ from HF's (return the engine's name for an HF name).
 """
 
@@ -158,17 +159,27 @@ class FSDPShardingManager:
 
     # ------------------------------------------------------------------------------------------- internals
     def _build_plan(self) -> list[_SyncItem]:
-        """The tensors to send, in ``named_parameters`` order (identical on every rank)."""
-        names = [name for name, _ in self.module.named_parameters()]
-        present = set(names)
+        """The tensors to send, in ``named_parameters`` order (identical on every rank).
+
+        A tied parameter (``lm_head.weight`` is ``model.embed_tokens.weight``) is sent under each of its
+        names, gathered again from its first name: vLLM's in-place reload rebuilds every layer from the
+        tensors that reach it, and a tied head that receives none keeps the CPU GEMM it packed at start-up
+        (stale logits after the first update, logged as ``ParallelLMHead: Failed to load weights``). Engines
+        that load in place (GPU ``load_weights``) skip the alias themselves.
+        """
+        first_name: dict[int, str] = {}
+        names: list[tuple[str, str]] = []  # (name, name it is gathered from)
+        for name, param in self.module.named_parameters(remove_duplicate=False):
+            names.append((name, first_name.setdefault(id(param), name)))
+        present = set(first_name.values())
         plan = []
-        for name in names:
+        for name, source in names:
             if _LORA_ADAPTER.search(name):
                 self._check_lora_param(name)
                 continue  # merged into its base layer's weight below
             if ".original_module." in name:
                 continue  # PEFT modules_to_save: the trained copy is sent under the original name instead
-            plan.append(_SyncItem(self._out_name(name), name, self._lora_factors(name, present)))
+            plan.append(_SyncItem(self._out_name(name), source, self._lora_factors(source, present)))
         return plan
 
     def _check_lora_param(self, name: str) -> None:

@@ -52,7 +52,9 @@ class RayResourcePool:
 
     Args:
         process_on_nodes: Number of processes (ranks) per node, e.g. ``[8, 8]``.
-        use_gpu: Reserve one GPU per process.
+        use_gpu: Reserve GPUs: ``gpus_per_process`` per process.
+        gpus_per_process: GPU share of one process with ``use_gpu``; below 1, ``1 / gpus_per_process``
+            processes share a GPU (Ray fractional GPUs: each sees the same one device).
         num_cpus_per_process: CPUs per bundle; fractional values are allowed.
         name_prefix: Prefix of the placement-group names (shown in ``ray status``).
         strategy: ``"STRICT_PACK"``: one placement group per node entry, each forced onto one node.
@@ -66,6 +68,7 @@ class RayResourcePool:
         *,
         use_gpu: bool,
         num_cpus_per_process: float = 1.0,
+        gpus_per_process: float = 1.0,
         name_prefix: str = "rlhf",
         strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK",
         ready_timeout_s: float = 60.0,
@@ -78,7 +81,10 @@ class RayResourcePool:
             raise ValueError(f"strategy={strategy!r} must be 'STRICT_PACK' or 'PACK'.")
         self.process_on_nodes = list(process_on_nodes)
         self.use_gpu = use_gpu
+        if not 0 < gpus_per_process <= 1:
+            raise ValueError(f"gpus_per_process={gpus_per_process} must be in (0, 1] (0.5: two ranks per GPU).")
         self.num_cpus_per_process = num_cpus_per_process
+        self.gpus_per_process = gpus_per_process
         self.name_prefix = name_prefix
         self.strategy = strategy
         self.ready_timeout_s = ready_timeout_s
@@ -94,7 +100,7 @@ class RayResourcePool:
     @property
     def bundle(self) -> dict[str, float]:
         """Resources of one bundle."""
-        return {"CPU": self.num_cpus_per_process, **({"GPU": 1.0} if self.use_gpu else {})}
+        return {"CPU": self.num_cpus_per_process, **({"GPU": self.gpus_per_process} if self.use_gpu else {})}
 
     def acquire(self, holder: object) -> list[BundleSlot]:
         """Reserve the bundles (first holder only) and register ``holder``; return one slot per rank.

@@ -197,10 +197,15 @@ class Worker:
         if addr is None or port is None:
             raise ValueError("init_process_group needs master_addr and master_port (argument, RankContext or env).")
         os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
-        if "nccl" in resolved:
-            # With one GPU per bundle Ray exposes only that GPU (count 1 -> device 0); if every GPU
-            # is visible, LOCAL_RANK picks this rank's own.
-            torch.cuda.set_device(self.ctx.local_rank % torch.cuda.device_count())
+        if torch.cuda.is_available():
+            # With one GPU (or a fraction of one) per bundle Ray exposes only that GPU (count 1 -> device 0);
+            # if every GPU is visible, LOCAL_RANK picks this rank's own.
+            index = self.ctx.local_rank % torch.cuda.device_count()
+            torch.cuda.set_device(index)
+            # vLLM's external launcher places its worker on cuda:$LOCAL_RANK. Two ranks sharing one GPU (fractional
+            # Ray GPUs) both see only device 0, so rank 1's LOCAL_RANK=1 would name a device that does not exist:
+            # the variable must be the index of the device this rank was given.
+            os.environ["LOCAL_RANK"] = str(index)
         host = f"[{addr}]" if ":" in addr else addr
         dist.init_process_group(
             backend=resolved,

@@ -346,6 +346,24 @@ def _ulysses_mask(*, base: str, **kwargs: Any) -> Any:
     return ALL_MASK_ATTENTION_FUNCTIONS[base](**kwargs)
 
 
+def check_ulysses_heads(config: Any, sp_size: int, *, key: str = "actor.ulysses_sequence_parallel_size") -> None:
+    """Refuses an SP size that does not divide the model's query heads, before any forward.
+
+    Ulysses hands each SP rank ``h / sp`` whole heads; SmolLM2-135M's 9 heads split over 3 or 9 ranks, not 2.
+    (Fewer kv heads than ranks is fine: they are repeated per query head before the all-to-all.)
+
+    Raises:
+        ValueError: naming ``key`` and the divisors that work.
+    """
+    heads = getattr(config, "num_attention_heads", None)
+    if sp_size > 1 and isinstance(heads, int) and heads % sp_size:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise ValueError(
+            f"{key}={sp_size} does not divide the model's {heads} attention heads (Ulysses gives each rank whole "
+            f"heads); set it to one of {divisors}."
+        )
+
+
 def enable_ulysses_attention(model: nn.Module) -> str:
     """Switches an HF model to ``ulysses_<base>`` attention, registering it with transformers (idempotent).
 

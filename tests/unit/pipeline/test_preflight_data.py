@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from rlhf_ops.pipeline.data import data_settings
@@ -41,15 +42,15 @@ def test_preflight_names_every_unreachable_input(tmp_path: Path) -> None:
     prepared = {"train_url": str(tmp_path / "missing" / "train.parquet"), "num_train": 0, "num_val": 0}
     with pytest.raises(PreflightError) as caught:
         run_preflight(PipelineParams(model_path=str(model)), layout, prepared)
-    problems = caught.value.problems
+    problems = [str(p) for p in caught.value.problems]
     assert any(p.startswith("model.path: ") and "has no config.json" in p for p in problems), problems
-    assert any("prepared training set is empty" in p for p in problems), problems
-    assert any("train_url" in p and "does not exist" in p for p in problems), problems
+    assert any(p.startswith("data: the prepared training set is empty") for p in problems), problems
+    assert any(p.startswith("data.train_files: ") and "does not exist" in p for p in problems), problems
 
 
 def test_preflight_plan(tmp_path: Path) -> None:
     train = tmp_path / "train.parquet"
-    train.write_bytes(b"x")
+    pd.DataFrame([{"prompt": "copy: 3", "ground_truth": "3", "data_source": "copy_digit"}]).to_parquet(train)
     layout = RunLayout.for_run(
         dag_id="d", run_id="r", work_dir=str(tmp_path), remote_store_url=f"file://{tmp_path}/rs"
     )
