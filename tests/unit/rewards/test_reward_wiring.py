@@ -198,3 +198,19 @@ def test_reward_stage_passes_extra_info_and_response_length() -> None:
     extra = RewardStage(tokenizer=tokenizer, reward_fn=penalised, reward_model=None)(data)
     # gsm8k strict: "12" has no "####" -> 0; lengths 2 and 4 vs L_max - B = 2: penalties 0 and -1
     assert extra["overlong_reward"] == [0.0, -1.0] and extra["score"] == [0.0, -1.0]
+
+
+def test_extra_info_dicts_survive_the_batch_operations_of_a_step() -> None:
+    # repeat (n samples), pad/chunk (dispatch to ranks), concat (collect), reorder (balance_batch), pickling (Ray).
+    import pickle
+
+    infos = np.empty(3, dtype=object)
+    infos[:] = [{"i": 0}, {"i": 1}, {}]
+    data = DataProto.from_dict(tensors={"x": torch.arange(3)}, non_tensors={"extra_info": infos})
+    repeated = data.repeat(2, interleave=True)
+    assert list(repeated.non_tensor_batch["extra_info"]) == [{"i": 0}, {"i": 0}, {"i": 1}, {"i": 1}, {}, {}]
+    padded, pad = repeated.pad_to_divisor(4)
+    parts = [pickle.loads(pickle.dumps(part)) for part in padded.chunk(4)]
+    back = DataProto.concat(parts).unpad(pad).reorder([5, 0, 2, 1, 3, 4])
+    assert list(back.non_tensor_batch["extra_info"]) == [{}, {"i": 0}, {"i": 1}, {"i": 0}, {"i": 1}, {}]
+    assert back.non_tensor_batch["extra_info"].shape == (6,)
