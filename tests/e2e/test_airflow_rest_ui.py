@@ -295,8 +295,10 @@ def _chromium_page(shots: Path) -> Iterator[Page]:
     """A 1280x800 page in Debian's Chromium; a screenshot ``failure.png`` if the block raises."""
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"{CHROMIUM} not found: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # Assertions wait up to 30 s (Playwright's default is 5 s): the UI renders slowly on a loaded 2-core machine.
+    expect.set_options(timeout=30_000)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -470,7 +472,9 @@ def test_trigger_form_in_chromium_runs_to_success(stack: Stack, dag_ready: None,
         # the page refreshes itself while the run is active: the user sees it turn to Success
         expect(page.get_by_test_id("state-badge").first).to_have_text("Success", timeout=60_000)
         page.reload()  # without the "Dag Run Triggered" toast
-        expect(page.get_by_test_id("state-badge").first).to_have_text("Success")
+        # After a reload the UI shows the untranslated key ("states.success") until its i18n bundle has
+        # loaded: seconds on a loaded 2-core machine, so the default 5 s expect timeout is too short.
+        expect(page.get_by_test_id("state-badge").first).to_have_text("Success", timeout=60_000)
         _settle(page)
         page.screenshot(path=screenshot_dir / "airflow_run_grid.png")
         assert run["triggered_by"] == "ui"
