@@ -27,8 +27,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlhf_ops.data.images import COLOR_NAME_SOURCE
 from rlhf_ops.data.toy_tasks import ADD_DIGITS_SOURCE, COPY_DIGIT_SOURCE
+
+# rlhf_ops.data.images' data source, repeated here: importing that module pulls torch into the Airflow side.
+COLOR_NAME_SOURCE = "toy/color_name"
 
 _LEADING_NUMBER = re.compile(r"\d+")
 
