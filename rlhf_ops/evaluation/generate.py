@@ -116,13 +116,9 @@ def generate_vllm(
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    eos = {int(tokenizer.eos_token_id)}
-    gen_cfg = os.path.join(model_dir, "generation_config.json")
-    if os.path.isfile(gen_cfg):
-        import json
+    from rlhf_ops.models.generation import eos_token_ids
 
-        ids = json.loads(open(gen_cfg).read()).get("eos_token_id")
-        eos.update(int(i) for i in (ids if isinstance(ids, list) else [ids] if ids is not None else []))
+    eos = eos_token_ids(model_dir, tokenizer)
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "enforce_eager": True,
@@ -140,7 +136,7 @@ def generate_vllm(
         top_p=top_p if do_sample else 1.0,
         top_k=top_k if do_sample else -1,
         max_tokens=max_new_tokens,
-        stop_token_ids=sorted(eos),
+        stop_token_ids=eos,
         seed=seed,
         detokenize=False,
     )
