@@ -224,8 +224,13 @@ def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], 
     params = _params(context)
     with patched_environ(connection_env(**conns)):
         try:
-            return retain(RunLayout.from_dict(layout), keep_last=params.keep_last, metric=params.eval_metric)
-        except ValueError as exc:  # eval_metric names no metric of the reports
+            return retain(
+                RunLayout.from_dict(layout),
+                keep_last=params.keep_last,
+                metric=params.eval_metric,
+                promotion=params.promotion,
+            )
+        except ValueError as exc:  # eval_metric names no metric of the reports, promotion.metric none per prompt
             raise AirflowFailException(str(exc)) from None
 
 
@@ -238,19 +243,26 @@ def register_model(
     conns: Mapping[str, str | None],
     **context: Any,
 ) -> dict[str, Any]:
-    """Log the best checkpoint's HF export, register it, move ``champion`` only if it is better."""
+    """Log the best checkpoint's HF export, register it, move ``champion`` only on a paired win (``promotion``)."""
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
     from rlhf_ops.pipeline.register import register_best
 
     params = _params(context)
     with patched_environ(connection_env(**conns)):
-        return register_best(
-            RunLayout.from_dict(layout),
-            config=config,
-            mlflow_run_id=mlflow_run_id,
-            registered_name=registered_name,
-            metric=params.eval_metric,
-        )
+        try:
+            return register_best(
+                RunLayout.from_dict(layout),
+                config=config,
+                mlflow_run_id=mlflow_run_id,
+                registered_name=registered_name,
+                metric=params.eval_metric,
+                promotion=params.promotion,
+                eval_n_samples=params.eval_n_samples,
+                eval_max_prompts=params.eval_max_prompts,
+                move=not params.promotion.require_approval,
+            )
+        except ValueError as exc:  # no evaluated checkpoint, a metric without per-prompt scores
+            raise AirflowFailException(str(exc)) from None
 
 
 def end_tracking(mlflow_run_id: str, *, conns: Mapping[str, str | None], **context: Any) -> str:
