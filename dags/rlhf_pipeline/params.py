@@ -151,8 +151,8 @@ PARAM_SPECS: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
         {},
         _EVAL,
         "Paired test a checkpoint must win to replace an earlier one or the champion: "
-        '{"metric": "eval/acc", "min_gain": 0.0, "confidence": 0.95, "method": "bootstrap", '
-        '"require_approval": false}; missing keys take these defaults.',
+        '{"metric": "eval/acc", "min_gain": 0.0, "confidence": 0.95, "method": "bootstrap"}; '
+        "missing keys take these defaults.",
         {
             "type": "object",
             "properties": {
@@ -162,7 +162,6 @@ PARAM_SPECS: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
                 "method": {"type": "string", "enum": ["bootstrap", "wald"]},
                 "resamples": {"type": "integer", "minimum": 1000, "maximum": 100000},
                 "seed": {"type": "integer"},
-                "require_approval": {"type": "boolean"},
             },
             "additionalProperties": False,
         },

@@ -175,7 +175,6 @@ def _log_run(
                 "promotion.min_gain": spec.min_gain,
                 "promotion.confidence": spec.confidence,
                 "promotion.method": spec.method,
-                "promotion.require_approval": spec.require_approval,
             }
         )
         step = int(result["best_step"])

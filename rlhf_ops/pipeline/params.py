@@ -56,7 +56,7 @@ class PipelineParams(BaseModel):
     eval_metric: str = Field("eval/reward/mean", min_length=1, description="Picks the best checkpoint.")
     promotion: PromotionSpec = Field(
         default_factory=PromotionSpec,
-        description="Paired test a checkpoint must win (metric, min_gain, confidence, method, require_approval).",
+        description="Paired test a checkpoint must win (metric, min_gain, confidence, method).",
     )
     registered_model_name: str | None = Field(None, description="MLflow registered model; None: <dag_id>-<preset>.")
     warm_start: Literal["scratch", "champion"] = Field("scratch", description="Start from the champion model.")

@@ -55,7 +55,6 @@ class PromotionSpec(BaseModel):
     )
     resamples: int = Field(10_000, ge=1000, le=100_000, description="Bootstrap resamples.")
     seed: int = Field(0, description="Seed of the bootstrap (the decision is deterministic).")
-    require_approval: bool = Field(False, description="A person approves in Airflow before the champion moves.")
 
     def metric_name(self, eval_metric: str) -> str:
         """The metric the test uses; ``ValueError`` naming the field when it has no per-prompt column."""

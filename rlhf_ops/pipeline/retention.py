@@ -36,7 +36,8 @@ def sync_and_retain(
         keep_last: Checkpoints to keep besides the best (0 keeps every one).
         metric: Eval metric that picks the best checkpoint (``eval.json``'s ``metrics``).
         higher_is_better: Direction of ``metric``.
-        promotion: The promotion spec: the checkpoint it chooses (``register_model`` registers it) is kept too.
+        promotion: The promotion spec: then the best is the checkpoint it chooses (the one ``register_model``
+            registers), not the top value of ``metric``.
 
     Returns:
         ``{"best_step", "best_value", "synced_steps", "deleted_local", "deleted_remote"}``.
@@ -51,10 +52,9 @@ def sync_and_retain(
         synced = [r.step for r in report.reports]
     reports = collect_eval_reports(layout)
     best = best_step(reports, metric, higher_is_better=higher_is_better)
+    if promotion is not None and reports:  # the checkpoint register_model will register (a paired win)
+        best, _ = choose_checkpoint(reports, promotion, metric=promotion.metric_name(metric))
     protect = {best} if best is not None else set()
-    if promotion is not None and reports:
-        chosen, _ = choose_checkpoint(reports, promotion, metric=promotion.metric_name(metric))
-        protect |= {chosen} if chosen is not None else set()
     deleted_local = apply_retention(local, keep_last=keep_last, protect=protect) if local.is_dir() else []
     for step in deleted_local:  # exports of deleted checkpoints go too
         shutil.rmtree(layout.export_dir(step), ignore_errors=True)
