@@ -16,6 +16,7 @@ training goes on; each is its own task instance, visible, retried and clearable 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import pendulum
@@ -24,6 +25,7 @@ from airflow.sdk import DAG, task, task_group
 from rlhf_airflow.operators import RayJobOperator
 from rlhf_pipeline import tasks
 from rlhf_pipeline.assets import pipeline_asset
+from rlhf_pipeline.callbacks import on_task_failure
 from rlhf_pipeline.params import pipeline_params
 
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
@@ -76,7 +78,7 @@ def build_pipeline_dag(
         catchup=False,
         max_active_runs=max_active_runs,
         params=pipeline_params(param_defaults),
-        default_args=DEFAULT_ARGS,
+        default_args={**DEFAULT_ARGS, "on_failure_callback": partial(on_task_failure, mlflow_conn_id=mlflow_conn_id)},
         tags=sorted({"rlhf", *tags}),
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
