@@ -95,7 +95,7 @@ def plot_learning_curve(summary: RunSummary, out: Path, *, title: str) -> Path |
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(9.5, 4.2), dpi=110)
     try:
         if summary.train:
             steps, rewards = zip(*summary.train, strict=True)
@@ -121,7 +121,7 @@ def plot_learning_curve(summary: RunSummary, out: Path, *, title: str) -> Path |
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over the curves
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out)
