@@ -203,7 +203,7 @@ def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help="Airflow's and MLflow's databases in PostgreSQL at 127.0.0.1:5432 (or RLHF_DEMO_POSTGRES=1)",
     )
-    demo.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
+    demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30; three checkpoints)")
     demo.set_defaults(func=_demo)
 
 

@@ -3,7 +3,7 @@
 ::
 
     prepare_data → preflight → start_tracking ─┬→ train (Ray job, deferrable) ─┬→ sync_and_retain → register_model
-                                               └→ evaluate[i] (mapped group)   ┘         end_tracking (teardown)
+                                               └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
                                                   wait_for_checkpoint → evaluate_checkpoint
 
 ``evaluate`` is a task group mapped over the global steps at which ``preflight`` says the trainer will commit
@@ -16,6 +16,7 @@ training goes on; each is its own task instance, visible, retried and clearable 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import pendulum
@@ -23,6 +24,8 @@ from airflow.sdk import DAG, task, task_group
 
 from rlhf_airflow.operators import RayJobOperator
 from rlhf_pipeline import tasks
+from rlhf_pipeline.assets import pipeline_asset
+from rlhf_pipeline.callbacks import on_task_failure
 from rlhf_pipeline.params import pipeline_params
 
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
@@ -75,12 +78,14 @@ def build_pipeline_dag(
         catchup=False,
         max_active_runs=max_active_runs,
         params=pipeline_params(param_defaults),
-        default_args=DEFAULT_ARGS,
+        default_args={**DEFAULT_ARGS, "on_failure_callback": partial(on_task_failure, mlflow_conn_id=mlflow_conn_id)},
         tags=sorted({"rlhf", *tags}),
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
     ) as dag:
-        prepared = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns)
+        prepared = task(task_id="prepare_data", outlets=[pipeline_asset(dag_id, "prepared_data")], **heavy)(
+            tasks.prepare_data
+        )(conns=conns)
         plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
             prepared, conns=conns, ray_conn_id=ray_conn_id
         )
@@ -90,18 +95,26 @@ def build_pipeline_dag(
         train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s)
         tracking >> train
         evaluations = _evaluations(
-            plan, tracking, conns=conns, heavy=heavy, poke_s=checkpoint_poke_s, timeout_s=checkpoint_timeout_s
+            plan,
+            tracking,
+            conns=conns,
+            heavy={**heavy, "outlets": [pipeline_asset(dag_id, "checkpoint")]},
+            poke_s=checkpoint_poke_s,
+            timeout_s=checkpoint_timeout_s,
         )
         retained = task(task_id="sync_and_retain", trigger_rule="none_failed")(tasks.sync_and_retain)(
             plan["layout"], conns=conns
         )
         [train, evaluations] >> retained
-        registered = task(task_id="register_model", **heavy)(tasks.register_model)(
-            plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns
-        )
+        registered = task(task_id="register_model", outlets=[pipeline_asset(dag_id, "registered_model")], **heavy)(
+            tasks.register_model
+        )(plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns)
         retained >> registered
+        champion = task(task_id="promote_champion", outlets=[pipeline_asset(dag_id, "champion")])(
+            tasks.promote_champion
+        )(registered, tracking["mlflow_run_id"], conns=conns)
         ended = task(task_id="end_tracking")(tasks.end_tracking)(tracking["mlflow_run_id"], conns=conns)
-        registered >> ended.as_teardown(setups=tracking.operator)
+        champion >> ended.as_teardown(setups=tracking.operator)
     return dag
 
 
@@ -123,7 +136,7 @@ def _train(*, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float |
 
 
 def _evaluations(
-    plan: Any, tracking: Any, *, conns: dict[str, str | None], heavy: dict[str, str], poke_s: float, timeout_s: float
+    plan: Any, tracking: Any, *, conns: dict[str, str | None], heavy: dict[str, Any], poke_s: float, timeout_s: float
 ) -> Any:
     """The ``evaluate`` group (wait for checkpoint N, evaluate it) mapped over the planned checkpoint steps."""
     wait = task.sensor(task_id="wait_for_checkpoint", mode="reschedule", poke_interval=poke_s, timeout=timeout_s)(

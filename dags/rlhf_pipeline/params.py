@@ -15,6 +15,7 @@ from airflow.sdk import Param
 
 PRESETS = ["qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu", "smollm2-135m-grpo-cpu", "tiny-cpu", "tiny-vlm-cpu"]
 ALGORITHMS = ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+PROMOTION_METRICS = ["eval/acc", "eval/mean_acc", "eval/reward/mean", "eval/sample/reward/mean"]
 DATA_FIELDS = ["prompt", "ground_truth", "data_source", "extra_info"]
 _MODEL, _DATA, _TRAIN, _STORE, _EVAL = "Model", "Data", "Training", "Storage and cluster", "Evaluation and registry"
 
@@ -145,6 +146,25 @@ PARAM_SPECS: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
         _EVAL,
         "Eval metric (higher is better) that picks the best checkpoint.",
         {"type": "string", "pattern": "^eval/.+"},
+    ),
+    "promotion": (
+        {},
+        _EVAL,
+        "Paired test a checkpoint must win to replace an earlier one or the champion: "
+        '{"metric": "eval/acc", "min_gain": 0.0, "confidence": 0.95, "method": "bootstrap"}; '
+        "missing keys take these defaults.",
+        {
+            "type": "object",
+            "properties": {
+                "metric": _nullable("string", enum=[None, *PROMOTION_METRICS]),
+                "min_gain": {"type": "number", "minimum": 0, "maximum": 1},
+                "confidence": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1},
+                "method": {"type": "string", "enum": ["bootstrap", "wald"]},
+                "resamples": {"type": "integer", "minimum": 1000, "maximum": 100000},
+                "seed": {"type": "integer"},
+            },
+            "additionalProperties": False,
+        },
     ),
     "registered_model_name": (
         None,

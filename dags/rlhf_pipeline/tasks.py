@@ -22,8 +22,11 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
+from rlhf_pipeline.assets import set_event_extra
+
 log = logging.getLogger(__name__)
 
+HEADLINE_METRICS = ("eval/acc", "eval/reward/mean", "eval/mean_acc", "eval/pass_at_4", "eval/num_prompts")
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 
 
@@ -76,9 +79,12 @@ def prepare_data(*, conns: Mapping[str, str | None], **context: Any) -> dict[str
     layout = _layout(params, context)
     with patched_environ(connection_env(**conns)):
         try:
-            return prepare_for_run(params, layout)
+            prepared = prepare_for_run(params, layout)
         except (ConfigError, DataQualityError) as exc:
             raise AirflowFailException(str(exc)) from None
+    keys = ("run_url", "train_url", "val_url", "num_train", "num_val", "num_rejected", "manifest_url")
+    set_event_extra(context, "prepared_data", {k: prepared.get(k) for k in keys} | {"airflow_run_id": layout.run_key})
+    return prepared
 
 
 def check_ray(*, ray_conn_id: str, address: str | None) -> str:
@@ -205,7 +211,7 @@ def evaluate_checkpoint(
 
     params = _params(context)
     with patched_environ(connection_env(**conns)):
-        return evaluate_step(
+        result = evaluate_step(
             int(found["step"]),
             location=str(found["location"]),
             config=config,
@@ -214,6 +220,10 @@ def evaluate_checkpoint(
             n_samples=params.eval_n_samples,
             max_prompts=params.eval_max_prompts,
         )
+    headline = {k: v for k, v in result["metrics"].items() if k in HEADLINE_METRICS}
+    extra = {"step": result["step"], "checkpoint": str(found["location"]), "metrics": headline}
+    set_event_extra(context, "checkpoint", extra | {"mlflow_run_id": mlflow_run_id})
+    return result
 
 
 def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
@@ -224,8 +234,13 @@ def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], 
     params = _params(context)
     with patched_environ(connection_env(**conns)):
         try:
-            return retain(RunLayout.from_dict(layout), keep_last=params.keep_last, metric=params.eval_metric)
-        except ValueError as exc:  # eval_metric names no metric of the reports
+            return retain(
+                RunLayout.from_dict(layout),
+                keep_last=params.keep_last,
+                metric=params.eval_metric,
+                promotion=params.promotion,
+            )
+        except ValueError as exc:  # eval_metric names no metric of the reports, promotion.metric none per prompt
             raise AirflowFailException(str(exc)) from None
 
 
@@ -238,19 +253,48 @@ def register_model(
     conns: Mapping[str, str | None],
     **context: Any,
 ) -> dict[str, Any]:
-    """Log the best checkpoint's HF export, register it, move ``champion`` only if it is better."""
+    """Log the best checkpoint's HF export, register it, move ``champion`` only on a paired win (``promotion``)."""
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
     from rlhf_ops.pipeline.register import register_best
 
     params = _params(context)
     with patched_environ(connection_env(**conns)):
-        return register_best(
-            RunLayout.from_dict(layout),
-            config=config,
-            mlflow_run_id=mlflow_run_id,
-            registered_name=registered_name,
-            metric=params.eval_metric,
-        )
+        try:
+            result = register_best(
+                RunLayout.from_dict(layout),
+                config=config,
+                mlflow_run_id=mlflow_run_id,
+                registered_name=registered_name,
+                metric=params.eval_metric,
+                promotion=params.promotion,
+                eval_n_samples=params.eval_n_samples,
+                eval_max_prompts=params.eval_max_prompts,
+            )
+        except ValueError as exc:  # no evaluated checkpoint, a metric without per-prompt scores
+            raise AirflowFailException(str(exc)) from None
+    keys = ("registered_name", "version", "model_uri", "best_step", "metric", "value", "summary")
+    set_event_extra(context, "registered_model", {k: result.get(k) for k in keys} | {"mlflow_run_id": mlflow_run_id})
+    return result
+
+
+def promote_champion(
+    registered: dict[str, Any], mlflow_run_id: str, *, conns: Mapping[str, str | None], **context: Any
+) -> dict[str, Any]:
+    """Emit the ``champion`` Asset event when the alias moved to this run's version; skipped when it stays."""
+    from rlhf_ops.pipeline.champion import move_champion
+    from rlhf_ops.pipeline.layout import patched_environ
+
+    if not registered.get("promote"):
+        raise AirflowSkipException(f"champion kept: {registered.get('summary')}")
+    if not registered.get("promoted"):  # decided but not moved (register_model called with move=False)
+        with patched_environ(connection_env(**conns)):
+            move_champion(registered, run_id=mlflow_run_id)
+    keys = ("registered_name", "version", "model_uri", "best_step", "metric", "value", "champion_version", "summary")
+    champion = {k: registered.get(k) for k in keys}
+    set_event_extra(
+        context, "champion", champion | {"mlflow_run_id": mlflow_run_id, "previous": champion["champion_version"]}
+    )
+    return champion
 
 
 def end_tracking(mlflow_run_id: str, *, conns: Mapping[str, str | None], **context: Any) -> str:

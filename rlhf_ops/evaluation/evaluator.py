@@ -9,6 +9,8 @@ under ``generations/`` (``rlhf_ops.tracking.artifacts``).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -177,15 +179,23 @@ def evaluate_model(
 
     greedy = _score_all(run(1, False), dataset, score_fn)
     metrics = greedy_metrics(greedy)
+    sampled: list[ScoredResponse] = []
     if settings.n_samples:
-        sampled = run(settings.n_samples, True)
+        sampled = _score_all(run(settings.n_samples, True), dataset, score_fn)
         ks = list(settings.ks) or default_ks(settings.n_samples)
-        metrics.update(sample_metrics(_score_all(sampled, dataset, score_fn), n=settings.n_samples, ks=ks))
+        metrics.update(sample_metrics(sampled, n=settings.n_samples, ks=ks))
     examples = _examples(greedy[: settings.num_examples], dataset)
     # Per-prompt greedy results, in prompt order: a later report on the same prompts can then be
     # compared prompt by prompt (rlhf_ops.evaluation.paired) instead of as two independent means.
     per_prompt = [
-        {"index": row.prompt_index, "score": row.score, "correct": row.correct, "length": row.length} for row in greedy
+        {
+            "index": row.prompt_index,
+            "score": row.score,
+            "correct": row.correct,
+            "length": row.length,
+            **_sample_means(sampled, row.prompt_index),
+        }
+        for row in greedy
     ]
     log.info("evaluated %s on %d prompts: %s", model_dir, len(indices), metrics)
     return {
@@ -196,8 +206,30 @@ def evaluate_model(
         "metrics": {k: (v if math.isfinite(v) else None) for k, v in metrics.items()},
         "examples": examples,
         "per_prompt": per_prompt,
+        "eval_set": eval_set_fingerprint(dataset, indices),
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _sample_means(sampled: Sequence[ScoredResponse], index: int) -> dict[str, float]:
+    """Mean score and accuracy of the sampled responses of prompt ``index`` (empty when nothing was sampled)."""
+    rows = [r for r in sampled if r.prompt_index == index]
+    if not rows:
+        return {}
+    out = {"sample_score": sum(r.score for r in rows) / len(rows)}
+    checked = [r.correct for r in rows if r.correct is not None]
+    if checked:
+        out["sample_acc"] = sum(checked) / len(checked)
+    return out
+
+
+def eval_set_fingerprint(dataset: Any, indices: Sequence[int]) -> dict[str, Any]:
+    """``{"sha256", "num_prompts"}`` over the evaluated prompts and answers: reports are paired only when equal."""
+    digest = hashlib.sha256()
+    for i in indices:
+        row = [i, dataset.raw_prompts[i], dataset.ground_truths[i], dataset.data_sources[i]]
+        digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+    return {"sha256": digest.hexdigest(), "num_prompts": len(indices)}
 
 
 def ensure_export(

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.pipeline.promotion import PromotionSpec
 
 TRAIN_MODULE = "rlhf_ops.entrypoints.train"
 
@@ -53,6 +54,10 @@ class PipelineParams(BaseModel):
     eval_n_samples: int = Field(4, ge=0, description="Sampled responses per prompt for pass@k (0: greedy only).")
     eval_max_prompts: int = Field(128, gt=0, description="Validation prompts evaluated per checkpoint.")
     eval_metric: str = Field("eval/reward/mean", min_length=1, description="Picks the best checkpoint.")
+    promotion: PromotionSpec = Field(
+        default_factory=PromotionSpec,
+        description="Paired test a checkpoint must win (metric, min_gain, confidence, method).",
+    )
     registered_model_name: str | None = Field(None, description="MLflow registered model; None: <dag_id>-<preset>.")
     warm_start: Literal["scratch", "champion"] = Field("scratch", description="Start from the champion model.")
     mlflow_experiment: str | None = Field(None, description="tracking.experiment; None: the preset's.")

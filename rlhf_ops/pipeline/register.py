@@ -1,8 +1,9 @@
 """The ``register_model`` task, and the warm start that reads its result back.
 
-``register_best`` picks the best evaluated checkpoint by the eval metric, logs its HF export to the
-pipeline's MLflow run (``model/``), registers it as a new version of the pipeline's registered model and
-moves the ``champion`` alias to it only if it beats the current champion (``register_if_better``).
+``register_best`` picks the best evaluated checkpoint (a later one replaces an earlier one only on a paired
+win, :mod:`rlhf_ops.pipeline.promotion`), logs its HF export to the pipeline's MLflow run (``model/``),
+registers it as a new version of the pipeline's registered model and moves the ``champion`` alias to it only
+on a win over the champion that holds on the eval set (:mod:`rlhf_ops.pipeline.champion`).
 ``download_champion`` fetches ``models:/<name>@champion`` for a run that warm-starts from it.
 """
 
@@ -13,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.pipeline.checkpoints import best_step, collect_eval_reports, find_checkpoint, local_checkpoint
+from rlhf_ops.pipeline.checkpoints import collect_eval_reports, find_checkpoint, local_checkpoint
 from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.pipeline.promotion import PromotionSpec
 
 log = logging.getLogger(__name__)
 
@@ -28,66 +30,74 @@ def register_best(
     mlflow_run_id: str,
     registered_name: str,
     metric: str,
-    higher_is_better: bool = True,
+    promotion: PromotionSpec | None = None,
+    eval_n_samples: int = 4,
+    eval_max_prompts: int = 128,
+    move: bool = True,
     tracking_uri: str | None = None,
 ) -> dict[str, Any]:
-    """Log and register the best checkpoint's HF export; move the champion alias if it is better.
+    """Register the run's best checkpoint; move the champion alias only on a win that holds on the eval set.
+
+    The best checkpoint and the champion decision come from the paired test of :mod:`rlhf_ops.pipeline.promotion`
+    (``promotion``; its metric defaults to ``metric``). With ``move=False`` (the approval gate) the decision is
+    made and logged and the alias waits for :func:`rlhf_ops.pipeline.champion.move_champion`.
 
     Returns:
-        ``{"best_step", "metric", "value", "model_uri", "registered_name", "version", "promoted"}``.
+        ``{"best_step", "metric", "value", "model_uri", "registered_name", "version", "champion_version",
+        "decision", "summary", "checkpoint_decisions", "promote", "promoted"}``.
 
     Raises:
-        ValueError: no checkpoint of the run was evaluated (nothing to choose from).
+        ValueError: no checkpoint of the run was evaluated, or the metric has no per-prompt scores.
     """
-    from rlhf_ops.tracking.mlflow_tracking import MlflowLogger, register_if_better, set_run_tags
+    from rlhf_ops.pipeline.champion import decide, move_champion
+    from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
 
+    spec = promotion or PromotionSpec()
+    test_metric = spec.metric_name(metric)
     reports = collect_eval_reports(layout)
-    step = best_step(reports, metric, higher_is_better=higher_is_better)
-    if step is None:
+    if not reports:
         raise ValueError(f"no evaluated checkpoint under {layout.checkpoint_url}; check the evaluate tasks")
-    export = _export(step, layout, config)
-    logger = MlflowLogger(mlflow_run_id, tracking_uri=tracking_uri, log_system_metrics=False)
-    try:
-        model_uri = logger.log_model_dir(export, artifact_path="model")
-    finally:
-        logger.close()
-    assert model_uri is not None  # rank 0 always returns the URI
-    value = float(reports[step]["metrics"][metric])
-    version, promoted = register_if_better(
-        run_id=mlflow_run_id,
-        model_uri=model_uri,
+
+    def log_export(step: int) -> str:
+        export = _export(step, layout, config)
+        logger = MlflowLogger(mlflow_run_id, tracking_uri=tracking_uri, log_system_metrics=False)
+        try:
+            model_uri = logger.log_model_dir(export, artifact_path="model")
+        finally:
+            logger.close()
+        assert model_uri is not None  # rank 0 always returns the URI
+        return model_uri
+
+    def evaluate_champion() -> dict[str, Any]:
+        from rlhf_ops.evaluation.evaluator import evaluate_model
+        from rlhf_ops.pipeline.evaluate import eval_data, eval_settings
+
+        model_dir = download_champion(registered_name, models_dir=layout.models_dir, tracking_uri=tracking_uri)
+        assert model_dir is not None  # called only when a champion exists
+        settings = eval_settings(config, n_samples=eval_n_samples, max_prompts=eval_max_prompts)
+        return evaluate_model(model_dir, eval_data(config), reward_fn=config["reward"]["reward_fn"], settings=settings)
+
+    result = decide(
+        reports,
+        spec=spec,
+        metric=test_metric,
+        mlflow_run_id=mlflow_run_id,
         registered_name=registered_name,
-        metric_name=metric,
-        metric_value=value,
-        higher_is_better=higher_is_better,
-        alias=CHAMPION_ALIAS,
+        register=log_export,
+        evaluate_champion=evaluate_champion if config["reward"].get("reward_fn") else None,
         tracking_uri=tracking_uri,
     )
-    tags = {
-        "rlhf.best_step": step,
-        "rlhf.registered_model": registered_name,
-        "rlhf.model_version": version or "",
-        "rlhf.promoted": str(promoted).lower(),
-    }
-    set_run_tags(tracking_uri=tracking_uri, run_id=mlflow_run_id, tags=tags)
+    result["promoted"] = move_champion(result, run_id=mlflow_run_id, tracking_uri=tracking_uri) if move else False
     log.info(
         "registered %s v%s (step %d, %s=%s); champion moved: %s",
         registered_name,
-        version,
-        step,
-        metric,
-        value,
-        promoted,
+        result["version"],
+        result["best_step"],
+        test_metric,
+        result["value"],
+        result["promoted"],
     )
-    return {
-        "best_step": step,
-        "metric": metric,
-        "value": value,
-        "model_uri": model_uri,
-        "registered_name": registered_name,
-        "version": version,
-        "promoted": promoted,
-    }
+    return result
 
 
 def _export(step: int, layout: RunLayout, config: Mapping[str, Any]) -> Path:

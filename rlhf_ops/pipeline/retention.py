@@ -16,12 +16,18 @@ from typing import Any
 
 from rlhf_ops.pipeline.checkpoints import best_step, collect_eval_reports
 from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.pipeline.promotion import PromotionSpec, choose_checkpoint
 
 log = logging.getLogger(__name__)
 
 
 def sync_and_retain(
-    layout: RunLayout, *, keep_last: int, metric: str, higher_is_better: bool = True
+    layout: RunLayout,
+    *,
+    keep_last: int,
+    metric: str,
+    higher_is_better: bool = True,
+    promotion: PromotionSpec | None = None,
 ) -> dict[str, Any]:
     """Sync the local run folder to the remote store, then apply retention on both, protecting the best step.
 
@@ -30,6 +36,8 @@ def sync_and_retain(
         keep_last: Checkpoints to keep besides the best (0 keeps every one).
         metric: Eval metric that picks the best checkpoint (``eval.json``'s ``metrics``).
         higher_is_better: Direction of ``metric``.
+        promotion: The promotion spec: then the best is the checkpoint it chooses (the one ``register_model``
+            registers), not the top value of ``metric``.
 
     Returns:
         ``{"best_step", "best_value", "synced_steps", "deleted_local", "deleted_remote"}``.
@@ -44,6 +52,8 @@ def sync_and_retain(
         synced = [r.step for r in report.reports]
     reports = collect_eval_reports(layout)
     best = best_step(reports, metric, higher_is_better=higher_is_better)
+    if promotion is not None and reports:  # the checkpoint register_model will register (a paired win)
+        best, _ = choose_checkpoint(reports, promotion, metric=promotion.metric_name(metric))
     protect = {best} if best is not None else set()
     deleted_local = apply_retention(local, keep_last=keep_last, protect=protect) if local.is_dir() else []
     for step in deleted_local:  # exports of deleted checkpoints go too

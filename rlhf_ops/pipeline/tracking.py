@@ -53,6 +53,34 @@ def _read_jsonl_head(url: str, limit: int) -> list[dict[str, Any]]:
     return rows
 
 
+def data_sha256(manifest: Mapping[str, Any]) -> str:
+    """One digest of a prepared data set: sha256 over its files' ``name:sha256`` lines (manifest order-free)."""
+    import hashlib
+
+    files = manifest.get("files") or {}
+    lines = sorted(f"{name}:{info.get('sha256', '')}" for name, info in files.items() if isinstance(info, Mapping))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest() if lines else "unknown"
+
+
+def compare_fields(
+    config: Mapping[str, Any], *, preset: str, dag_id: str, dag_run_id: str, manifest: Mapping[str, Any]
+) -> dict[str, str]:
+    """What two runs are told apart by in MLflow's compare view: preset, algorithm, model, data, code, DAG run.
+
+    Logged as ``pipeline.<name>`` params (the compare view's parameter table) and ``rlhf.<name>`` tags.
+    """
+    from rlhf_ops.tracking.mlflow_tracking import platform_git_commit
+
+    return {
+        "preset": preset,
+        "algorithm": str(config["algorithm"]["adv_estimator"]),
+        "model": str(config["model"]["path"]),
+        "data_sha256": data_sha256(manifest),
+        "platform_commit": platform_git_commit(),
+        "dag_run": f"{dag_id}/{dag_run_id}",
+    }
+
+
 def start_tracking(
     *,
     config: Mapping[str, Any],
@@ -95,12 +123,16 @@ def start_tracking(
         run_name=run_name_for(preset, algorithm, run_date),
         tags=tags,
     )
+    manifest = _read_json(str(prepared["manifest_url"])) if prepared.get("manifest_url") else {}
+    fields = compare_fields(config, preset=preset, dag_id=dag_id, dag_run_id=dag_run_id, manifest=manifest)
     logger = MlflowLogger(run_id, tracking_uri=tracking_uri, log_system_metrics=False)
     try:
         logger.log_params(config)
+        logger.log_params({f"pipeline.{k}": v for k, v in fields.items()})
+        logger.set_tags({f"rlhf.{k}": v for k, v in fields.items() if k not in ("preset", "dag_run")})
         log_resolved_config(logger, config)
-        if prepared.get("manifest_url"):
-            log_data_manifest(logger, _read_json(str(prepared["manifest_url"])))
+        if manifest:
+            log_data_manifest(logger, manifest)
         if prepared.get("rejected_url"):
             log_rejected_sample(logger, _read_jsonl_head(str(prepared["rejected_url"]), MAX_REJECTED_SAMPLE))
     finally:

@@ -143,6 +143,37 @@ def register_if_better(
     return str(version.version), True
 
 
+def register_candidate(
+    *,
+    run_id: str,
+    model_uri: str,
+    registered_name: str,
+    metric_name: str,
+    metric_value: float,
+    tracking_uri: str | None,
+) -> tuple[ModelVersion, ModelVersion | None]:
+    """Register ``model_uri`` as a new version (or reuse a retry's) and return it with the current champion.
+
+    The caller decides whether the alias moves (``rlhf_ops.pipeline.champion``: a paired test over prompts).
+    """
+    if "'" in registered_name or "'" in run_id:
+        raise ValueError(f"registered_name {registered_name!r} and run_id must not contain quotes")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    version = _register_version(client, registered_name, run_id, model_uri, metric_name, float(metric_value))
+    return version, _champion(client, registered_name, "champion")
+
+
+def move_alias(
+    *, registered_name: str, version: str, previous: str | None, alias: str = "champion", tracking_uri: str | None
+) -> None:
+    """Point ``alias`` at ``version`` and tag it promoted (with the version it replaced)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    client.set_registered_model_alias(registered_name, alias, version)
+    client.set_model_version_tag(registered_name, version, TAG_PROMOTED, "true")
+    if previous is not None:
+        client.set_model_version_tag(registered_name, version, TAG_PREVIOUS_CHAMPION, previous)
+
+
 def download_model(
     *, registered_name: str, dst_path: str | Path, alias: str = "champion", tracking_uri: str | None = None
 ) -> Path:

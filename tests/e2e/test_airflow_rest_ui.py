@@ -272,7 +272,9 @@ def test_rest_api_trigger_with_param_overrides_runs_to_success(stack: Stack, dag
     run = _wait_for_run(stack, run["dag_run_id"])
     run_id = run["dag_run_id"]
     states = _task_states(stack, run_id)
-    assert set(states.values()) == {"success"}, states
+    # promote_champion is skipped when an earlier run of this stack left a champion this one does not beat
+    assert {s for t, s in states.items() if t != "promote_champion"} == {"success"}, states
+    assert states["promote_champion"] in ("success", "skipped"), states
     assert "evaluate.evaluate_checkpoint[0]" in states and "evaluate.evaluate_checkpoint[1]" not in states
     assert _xcom(stack, run_id, "plan_evaluations") == [2]  # the only checkpoint: the last step's
     # the overrides reached the training job: resolved config logged as params, metrics at steps 1 and 2

@@ -97,6 +97,9 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
         "eval_max_prompts": 32,
         "overrides": ["trainer.test_freq=0", "trainer.val_before_train=false"],
     }
+    from airflow.dag_processing.dagbag import sync_bag_to_db
+
+    sync_bag_to_db(bag, "dags-folder", None)  # the downstream DAG scheduled on rlhf_ppo.champion is known
     dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)
     return {"dag_run": dag_run, "xcom": lambda task, key="return_value": _xcom(dag_run.run_id, task, key)}
 
@@ -214,6 +217,39 @@ def test_registered_model_version_and_champion_alias(pipeline_run: dict[str, Any
     assert float(champion.tags["rlhf.eval_metric_value"]) == pytest.approx(registered["value"])
     model_files = {a.path for a in client.list_artifacts(run_id, "model")}
     assert {"model/config.json", "model/model.safetensors", "model/tokenizer.json"} <= model_files
+
+
+def test_asset_events_and_the_downstream_trigger(pipeline_run: dict[str, Any]) -> None:
+    from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    run_id = pipeline_run["dag_run"].run_id
+    with create_session() as session:
+        query = select(AssetModel.name, AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+        events = session.execute(query.where(AssetEvent.source_run_id == run_id)).all()
+        queued = session.scalars(select(AssetDagRunQueue.target_dag_id)).all()
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for name, extra in events:
+        by_name.setdefault(name, []).append(dict(extra or {}))
+    prepared = pipeline_run["xcom"]("prepare_data")
+    assert by_name["rlhf_ppo.prepared_data"] == [
+        {
+            k: prepared[k]
+            for k in ("run_url", "train_url", "val_url", "num_train", "num_val", "num_rejected", "manifest_url")
+        }
+        | {"airflow_run_id": pipeline_run["xcom"]("preflight", "layout")["run_key"]}
+    ]
+    steps = sorted(e["step"] for e in by_name["rlhf_ppo.checkpoint"])
+    assert steps == [2, 4] and all("eval/reward/mean" in e["metrics"] for e in by_name["rlhf_ppo.checkpoint"])
+    registered = pipeline_run["xcom"]("register_model")
+    (model,) = by_name["rlhf_ppo.registered_model"]
+    assert (model["version"], model["model_uri"]) == (registered["version"], registered["model_uri"])
+    # The first run has no champion to beat: the alias moves, the champion Asset gets its event, and the
+    # downstream DAG scheduled on it is queued for the scheduler.
+    (champion,) = by_name["rlhf_ppo.champion"]
+    assert champion["version"] == "1" and champion["registered_name"] == "rlhf_ppo-tiny-cpu"
+    assert "rlhf_champion_report" in queued
 
 
 def test_checkpoints_in_s3_after_retention(pipeline_run: dict[str, Any], services: dict[str, Any]) -> None:

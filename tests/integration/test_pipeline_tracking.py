@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,12 @@ from tests.support.mlflow_server import mlflow_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-CONFIG = {"algorithm": {"adv_estimator": "grpo"}, "tracking": {"experiment": "pipeline-it"}, "actor": {"lr": 1e-3}}
+CONFIG = {
+    "algorithm": {"adv_estimator": "grpo"},
+    "tracking": {"experiment": "pipeline-it"},
+    "actor": {"lr": 1e-3},
+    "model": {"path": "builtin:tiny-llama"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +33,8 @@ def tracking_uri() -> Iterator[str]:
 
 
 def _prepared(tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "manifest.json").write_text(json.dumps({"version": 1, "counts": {"train": 3}}))
+    files = {"val.parquet": {"sha256": "bb"}, "train.parquet": {"sha256": "aa"}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 1, "counts": {"train": 3}, "files": files}))
     rows = [{"row_index": i, "reason": "prompt too long"} for i in range(150)]
     (tmp_path / "rejected.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"manifest_url": str(tmp_path / "manifest.json"), "rejected_url": str(tmp_path / "rejected.jsonl")}
@@ -53,6 +60,14 @@ def test_start_tracking_is_idempotent_and_logs_what_is_known(tracking_uri: str, 
     assert run.info.run_name == "tiny-cpu/grpo/2026-11-29T10:00"
     assert run.data.params["actor.lr"] == "0.001"
     assert run.data.tags["airflow.try_number"] == "2" and run.data.tags["rlhf.preset"] == "tiny-cpu"
+    # What the compare view tells two runs apart by, as params (its parameter table) and tags.
+    data_sha = hashlib.sha256(b"train.parquet:aa\nval.parquet:bb").hexdigest()
+    params = run.data.params
+    assert (params["pipeline.preset"], params["pipeline.algorithm"]) == ("tiny-cpu", "grpo")
+    assert params["pipeline.model"] == "builtin:tiny-llama" and params["pipeline.data_sha256"] == data_sha
+    assert params["pipeline.dag_run"] == "rlhf_ppo/manual__1"
+    assert params["pipeline.platform_commit"] == run.data.tags["rlhf.git_commit"] != ""
+    assert run.data.tags["rlhf.data_sha256"] == data_sha and run.data.tags["rlhf.model"] == "builtin:tiny-llama"
     rejected = client.download_artifacts(run_id, "data/rejected_sample.jsonl", str(tmp_path / "dl"))
     assert len(Path(rejected).read_text().splitlines()) == 100  # a sample, not all 150
     assert end_tracking(run_id=run_id, failed=True, tags={"ray.submission_id": "af-x"}, tracking_uri=tracking_uri) == (

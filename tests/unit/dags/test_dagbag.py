@@ -15,7 +15,7 @@ from tests.support.airflow_env import configure_airflow_env
 
 ROOT = Path(__file__).resolve().parents[3]
 DAGS = ROOT / "dags"
-EXPECTED = {"rlhf_ppo", "rlhf_tiny_cpu_weekly", "rlhf_qwen2_5_0_5b_grpo_gpu_daily"}
+EXPECTED = {"rlhf_ppo", "rlhf_tiny_cpu_weekly", "rlhf_qwen2_5_0_5b_grpo_gpu_daily", "rlhf_champion_report"}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,23 @@ def test_pipeline_shape(dagbag: Any) -> None:
     assert dag.get_task("train").deferrable is True
 
 
+def test_assets_outlets_and_the_downstream_dag(dagbag: Any) -> None:
+    dag = dagbag.dags["rlhf_ppo"]
+    outlets = {t.task_id: [(a.name, a.uri) for a in t.outlets] for t in dag.tasks if t.outlets}
+    assert outlets == {
+        "prepare_data": [("rlhf_ppo.prepared_data", "x-rlhf://rlhf_ppo/prepared-data")],
+        "evaluate.evaluate_checkpoint": [("rlhf_ppo.checkpoint", "x-rlhf://rlhf_ppo/checkpoint")],
+        "register_model": [("rlhf_ppo.registered_model", "x-rlhf://rlhf_ppo/registered-model")],
+        "promote_champion": [("rlhf_ppo.champion", "x-rlhf://rlhf_ppo/champion")],
+    }
+    up = {t.task_id: set(t.upstream_task_ids) for t in dag.tasks}
+    assert up["promote_champion"] == {"register_model", "start_tracking"}
+    downstream = dagbag.dags["rlhf_champion_report"]
+    assert [a.name for a in downstream.timetable.asset_condition.objects] == ["rlhf_ppo.champion"]
+    weekly = dagbag.dags["rlhf_tiny_cpu_weekly"]  # each generated pipeline has its own Assets
+    assert {a.name for t in weekly.tasks for a in t.outlets} >= {"rlhf_tiny_cpu_weekly.champion"}
+
+
 def test_scheduled_specs(dagbag: Any) -> None:
     weekly = dagbag.dags["rlhf_tiny_cpu_weekly"]
     assert weekly.params["warm_start"] == "champion"
@@ -70,7 +87,7 @@ def test_parsing_imports_no_heavy_library() -> None:
         "from airflow.dag_processing.dagbag import BundleDagBag\n"
         f"bag = BundleDagBag(dag_folder={str(DAGS)!r}, bundle_path={str(DAGS)!r}, bundle_name='dags-folder')\n"
         "assert not bag.import_errors, bag.import_errors\n"
-        "assert len(bag.dags) == 3, sorted(bag.dags)\n"
+        "assert len(bag.dags) == 4, sorted(bag.dags)\n"
         "heavy = sorted(m for m in ('torch', 'vllm', 'transformers', 'mlflow', 'ray') if m in sys.modules)\n"
         "print('heavy=' + ','.join(heavy))\n"
     )

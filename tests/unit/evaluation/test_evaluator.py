@@ -32,6 +32,12 @@ def test_report_is_consistent_with_its_examples(tiny_model_dir: str, val_file: s
     assert m["eval/pass_at_1"] == pytest.approx(m["eval/mean_acc"])
     assert m["eval/pass_at_2"] >= m["eval/pass_at_1"]
     assert report["settings"]["n_samples"] == 2 and report["data_files"] == [val_file]
+    # per-prompt rows (the paired promotion test reads them): their sample columns average to the sample metrics
+    rows = report["per_prompt"]
+    assert [r["index"] for r in rows] == list(range(8))
+    assert m["eval/mean_acc"] == pytest.approx(sum(r["sample_acc"] for r in rows) / 8)
+    assert m["eval/sample/reward/mean"] == pytest.approx(sum(r["sample_score"] for r in rows) / 8)
+    assert report["eval_set"]["num_prompts"] == 8 and len(report["eval_set"]["sha256"]) == 64
 
 
 def test_evaluation_is_deterministic(tiny_model_dir: str, val_file: str) -> None:
@@ -40,6 +46,9 @@ def test_evaluation_is_deterministic(tiny_model_dir: str, val_file: str) -> None
     first = evaluate_model(Path(tiny_model_dir), data, reward_fn="copy_digit", settings=settings)
     second = evaluate_model(Path(tiny_model_dir), data, reward_fn="copy_digit", settings=settings)
     assert first["metrics"] == second["metrics"] and first["examples"] == second["examples"]
+    assert first["eval_set"] == second["eval_set"]  # same prompts, same fingerprint: the reports pair
+    fewer = evaluate_model(Path(tiny_model_dir), data, reward_fn="copy_digit", settings=EvalSettings(max_prompts=3))
+    assert fewer["eval_set"]["sha256"] != first["eval_set"]["sha256"]
 
 
 def test_score_without_acc_uses_score_for_rows_with_ground_truth() -> None:
