@@ -181,4 +181,6 @@ class AgentLoop:
         if len(ids) <= limit:
             return text
         state.tool_errors += "[output cut at" not in text  # not twice for one output (run_tool's character cut)
-        return self.tokenizer.decode(ids[:limit]) + f"\n[Error: output cut at {limit} tokens]"
+        note = f"\n[Error: output cut at {limit} tokens]"
+        keep = max(limit - len(self.tokenizer(note, add_special_tokens=False)["input_ids"]), 0)
+        return self.tokenizer.decode(ids[:keep]) + note  # the note counts against the limit, so the cap holds

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from rlhf_ops.agent import CalculatorTool, SampleState, ToolError, ToolLimits, evaluate, load_interaction, load_tools
 from rlhf_ops.agent.chat_format import parse_tool_calls
 from rlhf_ops.config.loader import load_config
+from tests.support.tools import Counter
 
 
 @pytest.mark.parametrize(
@@ -49,25 +48,9 @@ def test_parse_tool_calls_reads_openai_style_string_arguments() -> None:
     assert parse_tool_calls("no calls here") == []
 
 
-class Counter:
-    """A user tool with per-sample state (the registry's dotted-path example)."""
-
-    name = "counter"
-
-    def __init__(self, limits: ToolLimits) -> None:
-        self.limits = limits
-
-    def schema(self) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": self.name, "description": "counts", "parameters": {}}}
-
-    def call(self, arguments: dict[str, Any], state: SampleState) -> str:
-        state.data["count"] = state.data.get("count", 0) + 1
-        return str(state.data["count"])
-
-
 def test_registry_loads_builtins_and_dotted_paths_with_limits() -> None:
     limits = ToolLimits(timeout_s=1.5)
-    tools = load_tools(["calculator", f"{__name__}:Counter"], limits=limits)
+    tools = load_tools(["calculator", "tests.support.tools:Counter"], limits=limits)
     assert sorted(tools) == ["calculator", "counter"]
     counter = tools["counter"]
     assert isinstance(counter, Counter) and counter.limits is limits
@@ -79,8 +62,8 @@ def test_registry_loads_builtins_and_dotted_paths_with_limits() -> None:
     ("spec", "message"),
     [
         ("no_such_pkg.tools:Tool", "rollout.multi_turn.tools: tool 'no_such_pkg.tools:Tool': cannot import"),
-        (f"{__name__}:Missing", "has no attribute 'Missing'"),
-        (f"{__name__}:test_calculator_values", "cannot be built with no arguments"),
+        ("tests.support.tools:Missing", "has no attribute 'Missing'"),
+        ("tests.support.tools.needs_arguments", "cannot be built with no arguments"),
         ("rlhf_ops.agent.calculator:MAX_EXPONENT", "gave a int, not a tool"),
         ("python", "neither a built-in nor a dotted path"),  # supplied by the worker layer only
     ],
