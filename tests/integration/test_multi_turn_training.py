@@ -1,7 +1,7 @@
 """Multi-turn GRPO end to end through Ray, 2 FSDP2 ranks and the real trainer.
 
-- tiny-cpu (default suite): the HF engine under FSDP runs the agent loop with an interaction (the
-  ``answer_feedback`` grader replies to every turn without a ``#### N`` answer), so responses hold
+- tiny-cpu (slow: ~140 s here with Ray start-up): the HF engine under FSDP runs the agent loop with an
+  interaction (the ``answer_feedback`` grader replies to every turn without a ``#### N`` answer), so responses hold
   observation tokens (mask 0) between model turns; two steps train on them and log verl's metrics.
 - SmolLM2-135M-Instruct (slow): multi-turn GRPO with the calculator tool on ``builtin:gsm8k_synth``,
   vLLM rollout, 2 steps.
@@ -38,6 +38,7 @@ def _common(tmp_path: Path, name: str, steps: int) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # ~140 s with Ray start-up on 2 loaded cores (the 2 steps: ~22 s)
 @pytest.mark.usefixtures("ray_cluster")
 def test_tiny_multi_turn_grpo_trains_two_steps_with_observation_tokens(tmp_path: Path) -> None:
     from rlhf_ops.entrypoints.train import run_training
@@ -60,6 +61,7 @@ def test_tiny_multi_turn_grpo_trains_two_steps_with_observation_tokens(tmp_path:
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         m = row["metrics"] if "metrics" in row else row
+        print({k: v for k, v in m.items() if k.startswith(("num_turns", "tool_call", "multi_turn", "response_len"))})
         # A random-init model ends a turn (EOS) early enough often enough that some of the 32 samples
         # get the grader's reply and a second turn: 1 prompt + 2 model turns + 1 reply = 4 messages.
         assert m["num_turns/min"] >= 2 and m["num_turns/max"] >= 4, m

@@ -256,3 +256,15 @@ def test_samples_run_independently_and_metrics_use_verl_names(tokenizer: Any) ->
     assert (metrics["multi_turn/tool_errors"], metrics["multi_turn/tool_timeouts"]) == (1, 0)
     # Round 1 runs all three samples, round 2 the two with tool calls, round 3 the last one.
     assert [i for i, _ in model.calls] == [0, 1, 2, 1, 2, 2]
+
+
+def test_dataset_prompts_describe_the_tools_when_given(tokenizer: Any) -> None:
+    from rlhf_ops.data.dataset import encode_prompt
+
+    messages = [{"role": "user", "content": "What is 6*7?"}]
+    schemas = [CalculatorTool().schema()]
+    with_schemas = encode_prompt(messages, tokenizer, apply_chat_template=True, tools=schemas)
+    assert with_schemas == encode_chat_prompt(tokenizer, messages, schemas)
+    plain = encode_prompt(messages, tokenizer, apply_chat_template=True)
+    assert "You may call tools" not in tokenizer.decode(plain)
+    assert "You may call tools" in tokenizer.decode(with_schemas)
