@@ -35,7 +35,10 @@ def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
     ``response_mask``.
     """
     responses = data.tensors["responses"]
-    lengths = data.tensors["attention_mask"][:, -responses.shape[1] :].sum(-1).tolist()
+    if "attention_mask" in data.tensors.keys():
+        lengths = data.tensors["attention_mask"][:, -responses.shape[1] :].sum(-1).tolist()
+    else:  # a batch of responses only (single-turn): the same span
+        lengths = data.tensors["response_mask"].sum(-1).tolist()
     return [
         tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True)
         for row, n in zip(responses, lengths, strict=True)

@@ -90,6 +90,7 @@ def results(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> di
     return res
 
 
+@pytest.mark.slow  # ~7 min here under load (vLLM CPU start-up and first calls)
 def test_vllm_agent_loop_equals_the_hf_agent_loop(results: dict[str, Any]) -> None:
     hf, vllm = results["hf"], results["vllm"]
     for key in KEYS:
