@@ -115,3 +115,18 @@ def test_config_multi_turn_valid() -> None:
         ],
     )
     assert cfg.rollout.multi_turn.max_turns == 4 and cfg.rollout.multi_turn.tools == []
+
+
+def test_preflight_builds_the_tools_and_names_the_key() -> None:
+    from rlhf_ops.config.multi_turn import MultiTurnConfig
+    from rlhf_ops.pipeline.preflight_checks import check_multi_turn
+
+    ok = MultiTurnConfig(enable=True, tools=["calculator", "python", "tests.support.tools:Counter"])
+    assert check_multi_turn(ok) == []  # 'python' is built by the workers, not here
+    bad = MultiTurnConfig(
+        enable=True, tools=["tests.support.tools:Nope"], interaction="rlhf_ops.agent.calculator:CalculatorTool"
+    )
+    problems = check_multi_turn(bad)
+    assert [p.key for p in problems] == ["rollout.multi_turn.tools", "rollout.multi_turn.interaction"]
+    assert "has no attribute 'Nope'" in problems[0].message
+    assert "without respond" in problems[1].message
