@@ -19,6 +19,7 @@ __all__ = [
     "build_full_sequence",
     "compute_position_ids",
     "get_response_mask",
+    "last_valid_index",
     "pad_sequences_left",
     "pad_sequences_right",
 ]
@@ -167,3 +168,13 @@ def build_full_sequence(
         "attention_mask": attention_mask,
         "position_ids": compute_position_ids(attention_mask),
     }
+
+
+def last_valid_index(mask: Tensor) -> Tensor:
+    """(B,) column of each row's last 1 in ``mask`` (B, R); 0 for a row without any.
+
+    Unlike ``mask.sum(-1) - 1`` this is right when the mask has holes: a multi-turn response's mask is 0
+    on tool output inside the response, and the score belongs on the model's last token.
+    """
+    columns = torch.arange(1, mask.shape[-1] + 1, device=mask.device)  # 1-based so an all-zero row gives 0
+    return ((mask != 0).long() * columns).amax(dim=-1).sub(1).clamp(min=0)

@@ -5,6 +5,10 @@ Shape notation: B: batch size (all samples, n per prompt), T: response length, G
 Outcome estimators (GRPO, RLOO, REINFORCE++-baseline) reduce the token rewards to one score per
 sequence (their sum over T) and compare it with the other samples of the same prompt, named by
 ``index`` (the ``uid`` column: one hashable group id per row).
+
+Observation spans: in a multi-turn response the mask has holes (tool and environment tokens are 0 inside
+the response). Every estimator treats a masked token as "not an action": GAE and REINFORCE++ carry their
+running value across it, and the outcome estimators broadcast their advantage onto model tokens only.
 """
 
 from __future__ import annotations
@@ -201,20 +205,27 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
 
+    The time steps are the model's tokens (``response_mask`` 1). A masked token (an observation inside a
+    multi-turn response, or padding) is not an action: the running return crosses it unchanged (no
+    discount, its reward ignored), so a reward at the end of a multi-turn response reaches the model tokens
+    before every tool output. On a contiguous mask this equals verl's "reset after EOS" on every model
+    token; masked tokens get the return of the next model token (0 on trailing padding).
+
     Args:
         token_level_rewards: (B, T).
-        response_mask: (B, T).
-        gamma: Discount factor.
+        response_mask: (B, T) 1 on model tokens; may have holes (observation spans).
+        gamma: Discount factor per model token.
 
     Returns:
-        ``advantages`` (B, T), the whitened returns (zero on padding), and ``returns`` (B, T).
+        ``advantages`` (B, T), the whitened returns (zero on masked tokens), and ``returns`` (B, T).
     """
+    mask = response_mask.to(token_level_rewards.dtype)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
+        stepped = token_level_rewards[:, t] + gamma * running
+        running = stepped * mask[:, t] + (1 - mask[:, t]) * running  # masked: carry over unchanged
         returns[:, t] = running
-        running = running * response_mask[:, t]  # reset after EOS, as verl
     advantages = masked_whiten(returns, response_mask) * response_mask
     return advantages, returns
 
@@ -233,10 +244,12 @@ def compute_remax_outcome_advantage(
         response_mask: (B, T).
 
     Returns:
-        ``(advantages, returns)``, both (B, T); ``returns`` is the undiscounted reward-to-go.
+        ``(advantages, returns)``, both (B, T); ``returns`` is the undiscounted reward-to-go of the model
+        tokens (rewards on masked tokens are ignored; a masked token holds the return of the next model
+        token); ``advantages`` are 0 on masked tokens, observation spans inside the response included.
     """
     returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-    advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    advantages = (returns - reward_baselines.unsqueeze(-1)) * response_mask
     return advantages, returns
 
 

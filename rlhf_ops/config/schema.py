@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from rlhf_ops.config.multi_turn import MultiTurnConfig
+
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 KLPenalty = Literal[
     "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
@@ -349,6 +351,7 @@ class RolloutConfig(_Section):
     free_cache_engine: bool = Field(True, description="vLLM on GPU: sleep (free KV cache + weights) in training.")
     weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
 
 
 class OverlongBufferConfig(_Section):

@@ -75,9 +75,23 @@ def row_extra_info(row: dict[str, Any]) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def encode_prompt(prompt: str | Sequence[dict[str, str]], tokenizer: Any, *, apply_chat_template: bool) -> list[int]:
-    """Token ids of one prompt; chat messages go through the tokenizer's chat template when it has one."""
+def encode_prompt(
+    prompt: str | Sequence[dict[str, str]],
+    tokenizer: Any,
+    *,
+    apply_chat_template: bool,
+    tools: Sequence[dict[str, Any]] = (),
+) -> list[int]:
+    """Token ids of one prompt; chat messages go through the tokenizer's chat template when it has one.
+
+    ``tools`` (function schemas, multi-turn rollouts) are described to the model through the template
+    (:func:`rlhf_ops.agent.chat_format.encode_chat_prompt`).
+    """
     if not isinstance(prompt, str):
+        if tools and apply_chat_template and getattr(tokenizer, "chat_template", None):
+            from rlhf_ops.agent.chat_format import encode_chat_prompt
+
+            return encode_chat_prompt(tokenizer, list(prompt), tools)
         if apply_chat_template and getattr(tokenizer, "chat_template", None):
             ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
@@ -117,8 +131,10 @@ class PromptDataset:
         toy_rows: int = 512,
         seed: int = 0,
         processor: Any | None = None,
+        tools: Sequence[dict[str, Any]] = (),
     ) -> PromptDataset:
-        """Reads and tokenises ``urls``; ``processor`` (a multimodal processor) encodes rows with ``images``."""
+        """Reads and tokenises ``urls``; ``processor`` (a multimodal processor) encodes rows with ``images``;
+        ``tools`` (function schemas) are described in chat prompts."""
         ids, raws, truths, sources, infos, dropped = [], [], [], [], [], 0
         pixels: list[torch.Tensor] = []
         for i, url in enumerate(urls):
@@ -132,7 +148,9 @@ class PromptDataset:
                         row[prompt_key], row["images"], processor, apply_chat_template=apply_chat_template
                     )
                 else:
-                    tokens = encode_prompt(row[prompt_key], tokenizer, apply_chat_template=apply_chat_template)
+                    tokens = encode_prompt(
+                        row[prompt_key], tokenizer, apply_chat_template=apply_chat_template, tools=tools
+                    )
                     pixel_values = torch.zeros(0)
                 if len(tokens) > max_prompt_length:
                     dropped += 1

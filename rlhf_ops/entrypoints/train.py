@@ -101,6 +101,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
     from rlhf_ops.trainer.reward import RewardStage
     from workers.launcher import launch_role_groups
+    from workers.rollout.multi_turn import tool_schemas
 
     torch.manual_seed(config.trainer.seed)
     plan = derive_batch_plan(config)
@@ -114,6 +115,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         tokenizer.pad_token = tokenizer.eos_token
     eos_ids = eos_token_ids(model_path, tokenizer)  # generation_config.json may list more than the tokenizer's
     data = config.data
+    tools = tool_schemas(config.rollout.multi_turn)  # multi-turn: the prompts describe the tools
 
     def dataset(files: list[str], seed: int) -> PromptDataset:
         return PromptDataset.from_sources(
@@ -127,6 +129,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             toy_rows=data.toy_rows,
             seed=seed,
             processor=processor,
+            tools=tools,
         )
 
     train_set = dataset(data.train_files, config.trainer.seed)

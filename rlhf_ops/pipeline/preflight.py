@@ -25,6 +25,7 @@ from rlhf_ops.pipeline.preflight_checks import (
     Problem,
     check_data_files,
     check_model_dir,
+    check_multi_turn,
     check_remote_store,
     check_resume_checkpoint,
     check_reward_fn,
@@ -83,6 +84,7 @@ def preflight_problems(
             tokenizer_key, model.tokenizer_path or model.path, chat_prompts=chat_prompts, notes=notes
         )
     problems += check_reward_fn(config.reward.reward_fn)
+    problems += check_multi_turn(config.rollout.multi_turn)
     if trainer.remote_store_url:
         probe = remote_probe_dir or "/".join(
             [trainer.remote_store_url.rstrip("/"), trainer.experiment_name, trainer.run_name]

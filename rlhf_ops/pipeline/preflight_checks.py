@@ -237,6 +237,33 @@ def check_reward_fn(spec: str | None) -> list[Problem]:
     return []
 
 
+# ---- multi-turn tools -----------------------------------------------------------------------------
+def check_multi_turn(cfg: Any) -> list[Problem]:
+    """``rollout.multi_turn.tools`` and ``.interaction`` import and build (``python`` is built by the workers)."""
+    if not cfg.enable:
+        return []
+    from rlhf_ops.agent.registry import WORKER_BUILTIN_TOOLS, load_interaction, load_tools
+    from rlhf_ops.agent.tools import ToolLimits
+
+    problems: list[Problem] = []
+    checks = [
+        (
+            "rollout.multi_turn.tools",
+            lambda: load_tools([t for t in cfg.tools if t not in WORKER_BUILTIN_TOOLS], limits=ToolLimits()),
+        ),
+        ("rollout.multi_turn.interaction", lambda: load_interaction(cfg.interaction)),
+    ]
+    for key, check in checks:
+        try:
+            check()
+        except ValueError as exc:  # the registry's line names the key itself
+            message, _, fix = str(exc).removeprefix(f"{key}: ").partition("; ")
+            problems.append(Problem(key, message, fix.rstrip(".") or "fix the spec"))
+        except Exception as exc:  # user code: anything can happen at import time
+            problems.append(Problem(key, f"building it raised {_short(exc)}", "fix the module"))
+    return problems
+
+
 # ---- data files ---------------------------------------------------------------------------------
 def open_url(url: str) -> tuple[Any, str]:
     """``(fs, path)`` of a data or store URL, with short network timeouts on S3."""

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlhf_ops.padding import last_valid_index
 from rlhf_ops.rewards.registry import RewardFn
 
 
@@ -57,7 +58,7 @@ def compute_token_level_scores(
 
     Args:
         responses: (B, R) response token ids (only the shape and device are used).
-        response_mask: (B, R) 1 on valid response tokens (prefix of each row).
+        response_mask: (B, R) 1 on model tokens (a prefix, or with holes on a multi-turn response).
         decoded: B decoded responses (valid tokens only, special tokens skipped).
         data_sources: B data sources (list or numpy object array).
         ground_truths: B ground truths.
@@ -66,8 +67,9 @@ def compute_token_level_scores(
 
     Returns:
         ``(scores, extra)``: ``scores`` (B, R) float32 on ``responses.device`` with
-        ``scores[i, len_i - 1] = score_i`` where ``len_i = response_mask[i].sum()`` (column 0 when a row has
-        no valid token, where masking drops it); ``extra`` maps every key of dict results (``"score"``
+        ``scores[i, j] = score_i`` where ``j`` is the last column with ``response_mask[i, j] = 1`` (the model's
+        last token, also after observation spans of a multi-turn response; column 0 when a row has no valid
+        token, where masking drops it); ``extra`` maps every key of dict results (``"score"``
         included) to B floats, like verl's ``reward_extra_info``; empty when the function returns floats.
 
     Raises:
@@ -107,8 +109,7 @@ def compute_token_level_scores(
         raise ValueError(
             "reward function returned dicts with different keys across rows; return the same keys always."
         )
-    lengths = response_mask.long().sum(dim=-1)
-    last = (lengths - 1).clamp(min=0)  # (B,) column of the last valid token
+    last = last_valid_index(response_mask)  # (B,) the last model token, also when the mask has holes
     token_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
     token_scores[torch.arange(batch, device=responses.device), last.to(responses.device)] = torch.tensor(
         scores, dtype=torch.float32, device=responses.device

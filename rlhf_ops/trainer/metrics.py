@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlhf_ops.agent.metrics import multi_turn_metrics
 from rlhf_ops.protocol import DataProto
 
 
@@ -46,6 +47,7 @@ def compute_data_metrics(batch: DataProto, *, max_response_length: int, use_crit
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_length))
+    metrics.update(multi_turn_metrics(b))  # num_turns/*, tool_call_counts/*: multi-turn rollouts only
     return metrics
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from rlhf_ops.agent.metrics import ROW_KEYS
 from rlhf_ops.algorithms import KLController
 from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
@@ -338,13 +339,14 @@ _GEN_KEYS = [
     "response_mask",
     "rollout_log_probs",
 ]
+MULTI_TURN_KEYS = ROW_KEYS  # multi-turn rollouts: per-row turn / tool counters (rlhf_ops.agent.metrics)
 _MEDIA_KEYS = ["pixel_values"]  # vision-language batches: the images travel with their rows to every role
 
 
 def _gen_keys(generated: DataProto) -> list[str]:
     """The generation keys to keep: :data:`_GEN_KEYS` plus the media keys the engine returned."""
     present = set(generated.tensors.keys())
-    return _GEN_KEYS + [k for k in _MEDIA_KEYS if k in present]
+    return _GEN_KEYS + [k for k in (*_MEDIA_KEYS, *MULTI_TURN_KEYS) if k in present]
 
 
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

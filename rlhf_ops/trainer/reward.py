@@ -28,9 +28,17 @@ def row_extra_infos(data: DataProto) -> list[dict[str, Any]]:
 
 
 def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
-    """The valid response tokens of each row as text (special tokens skipped)."""
-    responses, mask = data.tensors["responses"], data.tensors["response_mask"]
-    lengths = mask.sum(-1).tolist()
+    """Each row's response up to its last attended token as text (special tokens skipped).
+
+    The attended span is the response part of ``attention_mask``: model tokens and, in a multi-turn
+    response, the tool outputs between them (``response_mask`` has holes there); single-turn it equals
+    ``response_mask``.
+    """
+    responses = data.tensors["responses"]
+    if "attention_mask" in data.tensors.keys():
+        lengths = data.tensors["attention_mask"][:, -responses.shape[1] :].sum(-1).tolist()
+    else:  # a batch of responses only (single-turn): the same span
+        lengths = data.tensors["response_mask"].sum(-1).tolist()
     return [
         tokenizer.decode(row[: int(n)].tolist(), skip_special_tokens=True)
         for row, n in zip(responses, lengths, strict=True)

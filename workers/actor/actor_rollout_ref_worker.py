@@ -30,6 +30,7 @@ from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
 from workers.fsdp.wrap import build_fsdp_model
 from workers.rollout.base import RolloutEngine
+from workers.rollout.multi_turn import maybe_multi_turn
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
@@ -227,11 +228,11 @@ class ActorRolloutRefWorker(Worker):
                 device=self.device,
                 dtype=getattr(torch, r.dtype),
             )
-            return engine
+            return maybe_multi_turn(engine, r.multi_turn, tokenizer_path=spec.model_path)
         from workers.rollout.hf_rollout import HFRollout
 
         assert self.actor is not None
-        return HFRollout(
+        hf_engine = HFRollout(
             self.actor.module,
             pad_token_id=spec.pad_token_id,
             eos_token_id=spec.eos_token_id,
@@ -242,6 +243,7 @@ class ActorRolloutRefWorker(Worker):
             seed=spec.seed + 1000 * self.rank,
             suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
         )
+        return maybe_multi_turn(hf_engine, r.multi_turn, tokenizer_path=spec.model_path)  # agent loop if enabled
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("generate")

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import DType, FSDPConfig
+from rlhf_ops.padding import last_valid_index
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.mesh import build_device_mesh, get_device
 from workers.fsdp.wrap import build_fsdp_model
@@ -34,7 +35,7 @@ class RewardModelSpec:
 def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
     """(B,) sequence scores -> (B, R) token scores, each on its row's last valid response token."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32, device=scores.device)
-    last = (response_mask.long().sum(-1) - 1).clamp(min=0)
+    last = last_valid_index(response_mask)  # the model's last token, also when the mask has holes
     out[torch.arange(out.shape[0], device=out.device), last] = scores.float()
     return out
 

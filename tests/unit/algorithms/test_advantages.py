@@ -188,12 +188,12 @@ def test_reinforce_plus_plus_discounts_and_whitens():
 
 
 def test_reinforce_plus_plus_resets_after_eos():
-    # mask [1, 1, 0]: t=2 (padding) return 7 but the running return resets -> t=1: 1, t=0: 0.5 * 1
+    # mask [1, 1, 0]: the reward 7 on padding is not the model's -> return 0 there; t=1: 1, t=0: 0.5 * 1
     # whitened over the two valid tokens [0.5, 1]: mean 0.75, std sqrt(0.125) -> [-0.7071, 0.7071], pad 0
     rewards = torch.tensor([[0.0, 1.0, 7.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
-    torch.testing.assert_close(ret, torch.tensor([[0.5, 1.0, 7.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.5, 1.0, 0.0]]))
     torch.testing.assert_close(adv, torch.tensor([[-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0]]))
 
 

@@ -95,6 +95,21 @@ def test_scores_sit_on_the_last_valid_token() -> None:
     assert extra == {"acc": [1.0, 0.0, 1.0], "score": [1.0, 0.0, 1.0]}
 
 
+def test_scores_sit_on_the_last_model_token_of_a_multi_turn_mask() -> None:
+    # Row 0: model, model, tool, tool, model (EOS), pad -> column 4 (mask.sum() - 1 would say column 2).
+    # Row 1: the last turn is a tool output (max_turns hit) -> the last model token, column 1.
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 0, 0]])
+    scores, _ = compute_token_level_scores(
+        torch.zeros(2, 6, dtype=torch.long),
+        mask,
+        decoded=["7", "7"],
+        data_sources=["toy/copy_digit"] * 2,
+        ground_truths=["7", "7"],
+        reward_fn=toy_compute_score,
+    )
+    torch.testing.assert_close(scores, torch.tensor([[0.0, 0, 0, 0, 1, 0], [0.0, 1, 0, 0, 0, 0]]))
+
+
 def test_float_results_give_no_extras_and_empty_rows_use_column_zero() -> None:
     def constant(data_source: str, solution_str: str, ground_truth: str, extra_info: Any) -> float:
         return 2.5 if extra_info is None else extra_info["value"]

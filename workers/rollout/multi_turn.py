@@ -1,0 +1,256 @@
+"""Multi-turn rollouts on the HF and vLLM engines: :class:`MultiTurnRollout` runs the agent loop.
+
+Notation: B = rows (prompts x n), P = prompt length (left-padded), R = ``rollout.max_new_tokens`` (the
+budget of the whole multi-turn response), T = P + R.
+
+Output keys and shapes are the single-turn engines' (:mod:`workers.rollout.base`) with two differences:
+``response_mask`` (B, R) is 1 on model tokens only, so it has holes where tool or environment tokens
+(observations) sit inside the response; the response part of ``attention_mask`` is 1 on every token up to
+the response's end, observations included. Plus one (B,) int64 counter per key of
+:data:`rlhf_ops.agent.metrics.ROW_KEYS`.
+
+Collective engines: the HF engine under FSDP must run the same forwards on every rank, so every round
+all-reduces "any sample still running", a rank without running samples decodes one finished dummy row,
+and every round decodes R steps at most with the engine's own all-ranks-finished check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlhf_ops.agent import AgentLoop, AgentLoopConfig, Completion, GenerateFn, ToolLimits, load_interaction, load_tools
+from rlhf_ops.agent.metrics import row_counters
+from rlhf_ops.agent.tools import Tool
+from rlhf_ops.config.multi_turn import MultiTurnConfig
+from rlhf_ops.padding import compute_position_ids, pad_sequences_left, pad_sequences_right
+from rlhf_ops.protocol import DataProto
+from workers.rollout.base import RolloutEngine, SamplingParams
+from workers.rollout.hf_rollout import HFRollout
+from workers.rollout.sampling import sample_next_tokens
+from workers.tools.python_sandbox import PythonSandboxTool
+
+WORKER_TOOLS = {"python": PythonSandboxTool}
+
+
+def build_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
+    """The tools of ``rollout.multi_turn.tools`` (built-ins, the sandboxed ``python``, dotted paths)."""
+    limits = ToolLimits(timeout_s=cfg.tool_timeout_s, max_output_chars=cfg.max_tool_output_chars)
+    return load_tools(cfg.tools, limits=limits, extra_builtins=WORKER_TOOLS)
+
+
+def tool_schemas(cfg: MultiTurnConfig) -> list[dict[str, Any]]:
+    """The function schemas the prompts describe (empty when multi-turn is off)."""
+    return [tool.schema() for tool in build_tools(cfg).values()] if cfg.enable else []
+
+
+def maybe_multi_turn(engine: RolloutEngine, cfg: MultiTurnConfig, *, tokenizer_path: str) -> RolloutEngine:
+    """``engine`` itself, or wrapped in :class:`MultiTurnRollout` when ``rollout.multi_turn.enable``."""
+    if not cfg.enable:
+        return engine
+    from rlhf_ops.data.images import load_tokenizer_or_processor
+
+    return MultiTurnRollout(engine, cfg, tokenizer=load_tokenizer_or_processor(tokenizer_path))
+
+
+class MultiTurnRollout:
+    """A :class:`~workers.rollout.base.RolloutEngine` that runs the agent loop on an HF or vLLM engine.
+
+    Args:
+        engine: The single-turn engine (:class:`HFRollout` or ``VLLMRollout``); weights, sleep and wake-up
+            go to it unchanged.
+        cfg: ``rollout.multi_turn``.
+        tokenizer: The policy's tokenizer (chat template, decoding turns).
+    """
+
+    def __init__(self, engine: Any, cfg: MultiTurnConfig, *, tokenizer: Any) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.tools = build_tools(cfg)
+        self.interaction = load_interaction(cfg.interaction)
+
+    def __getattr__(self, name: str) -> Any:  # shutdown(), start_time_s... of the wrapped engine
+        return getattr(self.engine, name)
+
+    def update_weights(self, weights: Any) -> None:
+        """Loads new weights into the wrapped engine."""
+        self.engine.update_weights(weights)
+
+    def release(self) -> None:
+        """Frees the wrapped engine's memory."""
+        self.engine.release()
+
+    def resume(self) -> None:
+        """Re-acquires the wrapped engine's memory."""
+        self.engine.resume()
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """``n`` multi-turn samples per prompt; keys and shapes in the module docstring."""
+        start = time.perf_counter()
+        params = SamplingParams.from_meta(prompts.meta_info, self.engine.defaults)
+        assert prompts.batch is not None, "generate_sequences needs input_ids / attention_mask"
+        input_ids, attention_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+        device = input_ids.device
+        self._reseed(prompts.meta_info.get("global_steps"))
+        input_ids, attention_mask = (t.repeat_interleave(params.n, dim=0).cpu() for t in (input_ids, attention_mask))
+        columns = {k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensor_batch.items()}
+        rows = [{k: columns[k][i] for k in columns} for i in range(input_ids.shape[0])]
+        contexts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask, strict=True)]
+        loop = AgentLoop(
+            self.tokenizer,
+            tools=self.tools,
+            config=AgentLoopConfig(
+                max_turns=self.cfg.max_turns,
+                response_length=params.response_length,
+                max_tool_response_tokens=self.cfg.max_tool_response_tokens,
+                limits=ToolLimits(timeout_s=self.cfg.tool_timeout_s, max_output_chars=self.cfg.max_tool_output_chars),
+            ),
+            eos_token_ids=params.eos_ids,
+            interaction=self.interaction,
+            any_active=self._any_active,
+        )
+        samples = loop.run(contexts, self._generate_fn(params), rows=rows)
+        length, pad = params.response_length, params.pad_token_id
+        responses = pad_sequences_right([s.response_ids for s in samples], pad_value=pad, max_length=length)
+        response_mask = pad_sequences_right([s.response_mask for s in samples], pad_value=0, max_length=length)
+        attended = pad_sequences_right([[1] * len(s.response_ids) for s in samples], pad_value=0, max_length=length)
+        logprobs = pad_sequences_right(
+            [s.logprobs for s in samples], pad_value=0.0, max_length=length, dtype=torch.float32
+        )
+        full_mask = torch.cat([attention_mask, attended.to(attention_mask.dtype)], dim=1)
+        tensors = {
+            "prompts": input_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "rollout_log_probs": logprobs * response_mask,
+            "input_ids": torch.cat([input_ids, responses.to(input_ids.dtype)], dim=1),
+            "attention_mask": full_mask,
+            "position_ids": compute_position_ids(full_mask),
+        }
+        for key, values in row_counters([s.state for s in samples]).items():
+            tensors[key] = torch.tensor(values, dtype=torch.long)
+        out = DataProto.from_dict({k: v.to(device) for k, v in tensors.items()}, non_tensors=columns)
+        out.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
+        return out
+
+    # ------------------------------------------------------------------------------------------- engines
+    def _reseed(self, step: Any) -> None:
+        """Same per-step seeding as the wrapped engine, so a resumed run samples what an uninterrupted one would."""
+        if step is None:
+            return
+        seed = self.engine.seed * 1_000_003 + int(step)
+        if isinstance(self.engine, HFRollout):
+            device = next(self.engine.module.parameters()).device
+            self.engine._generator = torch.Generator(device=device).manual_seed(seed)
+        else:
+            import random
+
+            self.engine._seeds = random.Random(seed)
+
+    def _collective(self) -> bool:
+        if not isinstance(self.engine, HFRollout):
+            return False
+        sync = self.engine._sync_stop
+        if sync is None:
+            from workers.rollout.hf_rollout import _is_fsdp
+
+            sync = _is_fsdp(self.engine.module) and torch.distributed.is_initialized()
+        return bool(sync)
+
+    def _any_active(self, local: bool) -> bool:
+        if not self._collective():
+            return local
+        flag = torch.tensor(int(local), dtype=torch.int32, device=next(self.engine.module.parameters()).device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _generate_fn(self, params: SamplingParams) -> GenerateFn:
+        if isinstance(self.engine, HFRollout):
+            return lambda contexts, budgets: hf_generate(self.engine, params, contexts, budgets, self._collective())
+        return lambda contexts, budgets: vllm_generate(self.engine, params, contexts, budgets)
+
+
+def vllm_generate(
+    engine: Any, params: SamplingParams, contexts: list[list[int]], budgets: list[int]
+) -> list[Completion]:
+    """One vLLM request per context, each with its own ``max_tokens`` (continuous batching does the rest)."""
+    if not contexts:
+        return []
+    from vllm.inputs import TokensPrompt
+
+    sampling = [
+        engine._sampling_params(dataclasses.replace(params, n=1, response_length=b), engine._seeds.randrange(2**31))
+        for b in budgets
+    ]
+    requests = [TokensPrompt(prompt_token_ids=c) for c in contexts]
+    outputs = engine.llm.generate(requests, sampling, use_tqdm=False)
+    completions = []
+    for request in outputs:
+        done = request.outputs[0]
+        tokens = list(done.token_ids)
+        steps = list(done.logprobs or [])
+        completions.append(Completion(tokens, [step[t].logprob for step, t in zip(steps, tokens, strict=False)]))
+    return completions
+
+
+@torch.no_grad()
+def hf_generate(
+    engine: HFRollout, params: SamplingParams, contexts: list[list[int]], budgets: list[int], collective: bool
+) -> list[Completion]:
+    """Decodes every context up to its own budget with the HF engine's module, sampler and generator.
+
+    Collective (FSDP): R steps at most on every rank (the engine's all-ranks check ends earlier), and a rank
+    without contexts decodes one dummy row that is finished from the start.
+    """
+    real = len(contexts)
+    if not contexts:
+        if not collective:
+            return []
+        contexts, budgets = [[params.pad_token_id]], [0]
+    device = next(engine.module.parameters()).device
+    input_ids = pad_sequences_left(contexts, pad_value=params.pad_token_id).to(device)
+    attention_mask = pad_sequences_left([[1] * len(c) for c in contexts], pad_value=0).to(device)
+    position_ids = compute_position_ids(attention_mask)
+    steps = params.response_length if collective else max(budgets)
+    budget = torch.tensor(budgets, device=device)
+    eos = torch.tensor(params.eos_ids, device=device)
+    generator = engine._generator_for(device)
+    batch = len(contexts)
+    tokens_out = torch.full((batch, steps), params.pad_token_id, dtype=torch.long, device=device)
+    logprobs_out = torch.zeros((batch, steps), dtype=torch.float32, device=device)
+    finished = budget <= 0
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    was_training = engine.module.training
+    engine.module.eval()
+    try:
+        logits, cache = engine._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        mask, next_pos = attention_mask, position_ids[:, -1:] + 1
+        for step in range(steps):
+            tokens, token_logprobs = sample_next_tokens(
+                logits, params, generator=generator, logprobs_mode=engine.logprobs_mode
+            )
+            tokens = tokens.masked_fill(finished, params.pad_token_id)
+            tokens_out[:, step] = tokens
+            logprobs_out[:, step] = token_logprobs.masked_fill(finished, 0.0)
+            lengths += (~finished).long()
+            finished = finished | torch.isin(tokens, eos) | (lengths >= budget)
+            if step == steps - 1 or engine._all_done(finished):
+                break
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            logits, cache = engine._forward(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=mask,
+                position_ids=next_pos + step,
+                past_key_values=cache,
+            )
+    finally:
+        engine.module.train(was_training)
+    return [
+        Completion(tokens_out[i, : int(lengths[i])].tolist(), logprobs_out[i, : int(lengths[i])].tolist())
+        for i in range(real)
+    ]
