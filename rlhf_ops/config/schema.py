@@ -67,7 +67,8 @@ PathComponent = Annotated[str, AfterValidator(_path_component)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: an infinite or NaN float is never a setting (and JSON, hence XCom, cannot carry it).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class LoraConfig(_Section):
