@@ -46,6 +46,7 @@ def build_pipeline_dag(
     checkpoint_timeout_s: float = WEEK_S,
     train_timeout_s: float | None = None,
     max_active_runs: int = 1,
+    override_policy: Mapping[str, Any] | None = None,
 ) -> DAG:
     """One RLHF pipeline DAG.
 
@@ -65,6 +66,8 @@ def build_pipeline_dag(
         checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
         train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
         max_active_runs: Concurrent runs of this DAG.
+        override_policy: Which keys the form's ``overrides`` may set beyond the default set, and the spec's own
+            (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
     """
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     heavy = {"queue": heavy_queue} if heavy_queue else {}
@@ -82,7 +85,7 @@ def build_pipeline_dag(
     ) as dag:
         prepared = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns)
         plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
-            prepared, conns=conns, ray_conn_id=ray_conn_id
+            prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=dict(override_policy or {})
         )
         tracking = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns

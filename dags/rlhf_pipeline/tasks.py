@@ -98,7 +98,12 @@ def check_ray(*, ray_conn_id: str, address: str | None) -> str:
 
 
 def preflight(
-    prepared: dict[str, Any], *, conns: Mapping[str, str | None], ray_conn_id: str, **context: Any
+    prepared: dict[str, Any],
+    *,
+    conns: Mapping[str, str | None],
+    ray_conn_id: str,
+    override_policy: Mapping[str, Any] | None = None,
+    **context: Any,
 ) -> dict[str, Any]:
     """Resolve + validate the config, run pre-flight (the checks `rlhf train` runs), plan the checkpoints.
 
@@ -116,7 +121,7 @@ def preflight(
         if params.warm_start == "champion":
             model_path = download_champion(params.registered_name(layout.dag_id), models_dir=layout.models_dir)
         try:
-            plan = run_preflight(params, layout, prepared, model_path=model_path)
+            plan = run_preflight(params, layout, prepared, model_path=model_path, override_policy=override_policy)
         except ConfigError as exc:  # PreflightError too: the same lines `rlhf train` prints
             for problem in exc.problems:
                 log.error("error: %s", problem)
