@@ -64,9 +64,13 @@ def test_the_default_set_holds_no_key_that_runs_code_or_moves_data() -> None:
 
 
 def test_a_spec_declares_its_allowed_overrides_and_the_dag_passes_them_to_preflight(tmp_path: Path) -> None:
-    from rlhf_pipeline.specs import load_spec_dags
+    from tests.support.airflow_env import configure_airflow_env
 
-    import tests.unit.dags.conftest  # noqa: F401  (Airflow home and the DAGs folder on sys.path)
+    configure_airflow_env()  # a throw-away Airflow home, before airflow is imported
+    dags_dir = str(Path(__file__).resolve().parents[2] / "dags")
+    if dags_dir not in sys.path:
+        sys.path.append(dags_dir)  # as Airflow does when it parses the DAGs folder
+    from rlhf_pipeline.specs import load_spec_dags
 
     (tmp_path / "lora.yaml").write_text(
         "schedule: null\npreset: tiny-cpu\noverrides: [trainer.total_training_steps=2]\n"
