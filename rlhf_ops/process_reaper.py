@@ -71,8 +71,8 @@ def start_run_reaper() -> str | None:
     """
     if not sys.platform.startswith("linux") or not _PROC.is_dir():
         return None
-    if os.environ.get(REAP_ENV):
-        return os.environ[REAP_ENV]
+    if _WATCHDOGS and os.environ.get(REAP_ENV):  # this process has its watchdog (a token inherited from a
+        return os.environ[REAP_ENV]  # parent process is replaced: the parent's watchdog does not watch us)
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != REAP_ENV}  # the watchdog must not match itself
     # The write end of the pipe stays in this process (never inherited by Ray: subprocess closes other fds).

@@ -56,13 +56,13 @@ def _wait_gone(token: str, sid: int, bound_s: float) -> float:
 def test_killing_the_process_group_leaves_no_process_of_the_run(tmp_path: Path, figures: Figures) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # not the run's: kept
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop(REAP_ENV, None)
+    env[REAP_ENV] = "inherited"  # a token from a parent run: the driver must get (and watch) its own
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
     token = (driver.stdout.readline() if driver.stdout else "").strip()
     try:
-        assert token, "the driver did not start"
+        assert token and token != "inherited", "the driver did not start its own reaper"
         deadline = time.monotonic() + 30
         # The 5 processes it started (the driver's own /proc environ is from before it set the token).
         while len(processes_with_token(token)) < 5 and time.monotonic() < deadline:
