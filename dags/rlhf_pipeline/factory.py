@@ -83,9 +83,10 @@ def build_pipeline_dag(
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
     ) as dag:
-        prepared = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns)
+        policy = dict(override_policy or {})
+        prepared = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns, override_policy=policy)
         plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
-            prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=dict(override_policy or {})
+            prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
         )
         tracking = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns

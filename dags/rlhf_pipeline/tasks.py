@@ -65,7 +65,9 @@ def _layout(params: Any, context: Mapping[str, Any]) -> Any:
         raise AirflowFailException(str(exc)) from None
 
 
-def prepare_data(*, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
+def prepare_data(
+    *, conns: Mapping[str, str | None], override_policy: Mapping[str, Any] | None = None, **context: Any
+) -> dict[str, Any]:
     """Prepare this run's train/val files (idempotent: a retry rewrites the same run-keyed folder)."""
     from rlhf_ops.config import ConfigError
     from rlhf_ops.data.prepare import DataQualityError
@@ -76,7 +78,7 @@ def prepare_data(*, conns: Mapping[str, str | None], **context: Any) -> dict[str
     layout = _layout(params, context)
     with patched_environ(connection_env(**conns)):
         try:
-            return prepare_for_run(params, layout)
+            return prepare_for_run(params, layout, override_policy=override_policy)
         except (ConfigError, DataQualityError) as exc:
             raise AirflowFailException(str(exc)) from None
 

@@ -56,6 +56,20 @@ def test_form_overrides_outside_the_allowed_set_are_refused_at_preflight(tmp_pat
     assert OverridePolicy.from_dict(trusted).problems(["trainer.checkpoint_root=/elsewhere"]) != []
 
 
+def test_prepare_data_refuses_a_form_override_before_reading_anything(tmp_path: Path) -> None:
+    from rlhf_ops.config import ConfigError
+    from rlhf_ops.pipeline.data import prepare_for_run
+
+    secret = tmp_path / "other-team" / "rows.jsonl"  # what a form user should not be able to read into a run
+    secret.parent.mkdir()
+    secret.write_text('{"prompt": "private", "ground_truth": "1"}\n')
+    layout = RunLayout.for_run(dag_id="d", run_id="r", work_dir=str(tmp_path / "work"))
+    params = PipelineParams(overrides=[f"data.train_files=[{secret}]"])
+    with pytest.raises(ConfigError, match="'data.train_files' may not be set from this pipeline's trigger form"):
+        prepare_for_run(params, layout)
+    assert not list((tmp_path / "work").rglob("*.parquet"))
+
+
 def test_the_default_set_holds_no_key_that_runs_code_or_moves_data() -> None:
     policy = OverridePolicy()
     for override in HOSTILE_OVERRIDES + ["data.train_files=[/x]", "trainer.remote_store_url=s3://x/y"]:
@@ -80,6 +94,7 @@ def test_a_spec_declares_its_allowed_overrides_and_the_dag_passes_them_to_prefli
     with pytest.warns(UserWarning, match="allowed_overrides must be a list"):
         dags = load_spec_dags(tmp_path)
     policy = dags["rlhf_lora"].get_task("preflight").op_kwargs["override_policy"]
+    assert dags["rlhf_lora"].get_task("prepare_data").op_kwargs["override_policy"] == policy
     assert policy["extra_allowed"] == ["model.lora.*"] and policy["trusted"] == ["trainer.total_training_steps=2"]
     assert "override_policy" not in dags["rlhf_lora"].params  # not a form field: the form cannot widen it
     assert OverridePolicy.from_dict(policy).problems(["model.lora.rank=8", "model.path=/x"])[0].message == (
