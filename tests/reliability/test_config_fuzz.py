@@ -162,3 +162,15 @@ def test_fuzz_3000_values(figures: Figures) -> None:
     result = run_fuzz(3000, seed=1515)
     figures.record(**{k: v for k, v in result.items() if k != "offending"})
     assert result["crashes"] == 0 and result["bad_messages"] == 0, "\n".join(result["offending"])
+
+
+@pytest.mark.parametrize("override", ["critic.optim.lr=yes", "trainer.keep_last=true", "data.val_batch_size=on"])
+def test_a_boolean_is_not_a_number(override: str) -> None:
+    """Found by the fuzz: pydantic's lax mode read YAML's ``yes`` as 1 (a learning rate of 1.0)."""
+    with pytest.raises(ConfigError) as caught:
+        load_config("tiny-cpu", [override])
+    key = override.partition("=")[0]
+    assert [str(p) for p in caught.value.problems] == [
+        f"{key}: is a boolean where a number is meant (got True). Fix: set a number"
+    ]
+    assert load_config("tiny-cpu", ["model.lora.rank=0", "trainer.val_before_train=yes"]).trainer.val_before_train
