@@ -17,6 +17,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests load reward functions from temporary modules of any name; tests/reliability/test_code_policy.py checks
+# the allow-list itself (a deployment's default is the built-ins only).
+os.environ.setdefault("RLHF_ALLOWED_CODE_MODULES", "*")
 
 
 @pytest.fixture(scope="session")

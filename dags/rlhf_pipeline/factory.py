@@ -49,6 +49,7 @@ def build_pipeline_dag(
     checkpoint_timeout_s: float = WEEK_S,
     train_timeout_s: float | None = None,
     max_active_runs: int = 1,
+    override_policy: Mapping[str, Any] | None = None,
 ) -> DAG:
     """One RLHF pipeline DAG.
 
@@ -68,6 +69,8 @@ def build_pipeline_dag(
         checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
         train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
         max_active_runs: Concurrent runs of this DAG.
+        override_policy: Which keys the form's ``overrides`` may set beyond the default set, and the spec's own
+            (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
     """
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     heavy = {"queue": heavy_queue} if heavy_queue else {}
@@ -83,11 +86,12 @@ def build_pipeline_dag(
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
     ) as dag:
+        policy = dict(override_policy or {})
         prepared = task(task_id="prepare_data", outlets=[pipeline_asset(dag_id, "prepared_data")], **heavy)(
             tasks.prepare_data
-        )(conns=conns)
+        )(conns=conns, override_policy=policy)
         plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
-            prepared, conns=conns, ray_conn_id=ray_conn_id
+            prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
         )
         tracking = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns

@@ -11,6 +11,7 @@ A spec (every key but ``schedule`` is optional)::
       val_url: null                     # val_dataset_url
       field_map: {prompt: question}
     overrides: [trainer.total_training_steps=20]
+    allowed_overrides: [model.lora.*]   # keys the trigger form's overrides may set besides the default set
     warm_start: champion                # or scratch: start from the preset's model
     params: {keep_last: 1}              # defaults of any other form parameter
     tags: [weekly]
@@ -40,6 +41,7 @@ SPEC_KEYS = frozenset(
         "preset",
         "data",
         "overrides",
+        "allowed_overrides",
         "warm_start",
         "params",
         "tags",
@@ -91,6 +93,9 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
             params[key] = spec[key]
     if not isinstance(params.get("overrides", []), list):
         raise SpecError(f"{source}: overrides must be a list of 'dotted.key=value' strings")
+    allowed = spec.get("allowed_overrides") or []
+    if not isinstance(allowed, list) or not all(isinstance(p, str) and p for p in allowed):
+        raise SpecError(f"{source}: allowed_overrides must be a list of dotted-key patterns, e.g. [model.lora.*]")
     conns = _mapping(spec.get("connections"), where=f"{source}: connections")
     if set(conns) - set(CONNECTION_KEYS):
         raise SpecError(f"{source}: unknown connection key(s) {sorted(set(conns) - set(CONNECTION_KEYS))}")
@@ -101,6 +106,8 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
         "tags": ["scheduled", *[str(t) for t in spec.get("tags") or []]],
         "description": spec.get("description"),
         "heavy_queue": spec.get("heavy_queue"),
+        # Not a form parameter (the form's user must not widen it): passed to the preflight task by the DAG.
+        "override_policy": {"extra_allowed": allowed, "trusted": params.get("overrides", []), "spec": str(source)},
         **{CONNECTION_KEYS[k]: v for k, v in conns.items()},
     }
 

@@ -68,7 +68,9 @@ def _layout(params: Any, context: Mapping[str, Any]) -> Any:
         raise AirflowFailException(str(exc)) from None
 
 
-def prepare_data(*, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
+def prepare_data(
+    *, conns: Mapping[str, str | None], override_policy: Mapping[str, Any] | None = None, **context: Any
+) -> dict[str, Any]:
     """Prepare this run's train/val files (idempotent: a retry rewrites the same run-keyed folder)."""
     from rlhf_ops.config import ConfigError
     from rlhf_ops.data.prepare import DataQualityError
@@ -79,7 +81,7 @@ def prepare_data(*, conns: Mapping[str, str | None], **context: Any) -> dict[str
     layout = _layout(params, context)
     with patched_environ(connection_env(**conns)):
         try:
-            prepared = prepare_for_run(params, layout)
+            prepared = prepare_for_run(params, layout, override_policy=override_policy)
         except (ConfigError, DataQualityError) as exc:
             raise AirflowFailException(str(exc)) from None
     keys = ("run_url", "train_url", "val_url", "num_train", "num_val", "num_rejected", "manifest_url")
@@ -104,7 +106,12 @@ def check_ray(*, ray_conn_id: str, address: str | None) -> str:
 
 
 def preflight(
-    prepared: dict[str, Any], *, conns: Mapping[str, str | None], ray_conn_id: str, **context: Any
+    prepared: dict[str, Any],
+    *,
+    conns: Mapping[str, str | None],
+    ray_conn_id: str,
+    override_policy: Mapping[str, Any] | None = None,
+    **context: Any,
 ) -> dict[str, Any]:
     """Resolve + validate the config, run pre-flight (the checks `rlhf train` runs), plan the checkpoints.
 
@@ -122,7 +129,7 @@ def preflight(
         if params.warm_start == "champion":
             model_path = download_champion(params.registered_name(layout.dag_id), models_dir=layout.models_dir)
         try:
-            plan = run_preflight(params, layout, prepared, model_path=model_path)
+            plan = run_preflight(params, layout, prepared, model_path=model_path, override_policy=override_policy)
         except ConfigError as exc:  # PreflightError too: the same lines `rlhf train` prints
             for problem in exc.problems:
                 log.error("error: %s", problem)

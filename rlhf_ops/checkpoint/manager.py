@@ -29,6 +29,11 @@ from rlhf_ops.checkpoint.manifest import (
 
 log = logging.getLogger(__name__)
 
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, quota, permissions); the message names the folder."""
+
+
 TRAINER_STATE_FILE = "trainer_state.json"
 HF_EXPORT_DIR = "hf"
 
@@ -96,6 +101,31 @@ class CheckpointManager:
         state = trainer.state_dict()
         step = int(state["global_step"])
         ckpt = self.step_dir(step)
+        try:
+            self._write(ckpt, state, step)
+        except OSError as exc:  # a full disk, a quota, a read-only mount: the previous checkpoint stays the one
+            (ckpt / "MANIFEST.json").unlink(missing_ok=True)  # first: a partial delete never looks complete
+            shutil.rmtree(ckpt, ignore_errors=True)  # frees the space the partial checkpoint took
+            previous = f"step {self.saved_steps[-1]}" if self.saved_steps else "none"
+            reason = exc.strerror or (str(exc).strip().splitlines() or [type(exc).__name__])[-1]  # Ray: a traceback
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {ckpt} ({reason}); the previous checkpoint ({previous}) and "
+                f"{self.run_dir}/latest are unchanged. Fix: free space on (or write access to) {self.run_dir}, "
+                "or set trainer.checkpoint_root / trainer.keep_last"
+            ) from exc
+        self.saved_steps.append(step)
+        if self.keep_last:
+            protect = {self.best_step} if self.best_step is not None else set()
+            apply_retention(self.run_dir, keep_last=self.keep_last, protect=protect)
+        if self._syncer is not None:
+            self._syncer.submit(str(ckpt))
+        if self.on_commit is not None:
+            self.on_commit(step, str(ckpt))
+        log.info("checkpoint committed: %s", ckpt)
+        return ckpt
+
+    def _write(self, ckpt: Path, state: dict[str, Any], step: int) -> None:
+        """Shards, HF export, trainer state, manifest, then ``latest`` (the commit rule)."""
         if ckpt.exists():  # a leftover of a crash mid-save (or a re-save of the same step): start clean
             shutil.rmtree(ckpt)
         ckpt.mkdir(parents=True)
@@ -108,16 +138,6 @@ class CheckpointManager:
         (ckpt / TRAINER_STATE_FILE).write_text(json.dumps(state))
         write_manifest(ckpt, step=step, extra={"roles": sorted(self.roles)})
         update_latest(self.run_dir, step)
-        self.saved_steps.append(step)
-        if self.keep_last:
-            protect = {self.best_step} if self.best_step is not None else set()
-            apply_retention(self.run_dir, keep_last=self.keep_last, protect=protect)
-        if self._syncer is not None:
-            self._syncer.submit(str(ckpt))
-        if self.on_commit is not None:
-            self.on_commit(step, str(ckpt))
-        log.info("checkpoint committed: %s", ckpt)
-        return ckpt
 
     def finish(self) -> None:
         """Waits for every background upload; raises if one failed (nothing half-visible remotely)."""

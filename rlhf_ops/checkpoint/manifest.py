@@ -371,9 +371,13 @@ def find_latest_complete(
     for step in reversed(list_steps(root, fs=fs)):
         path = _join(root, step_dir_name(step))
         if is_complete(path, fs=fs, verify_hashes=verify_hashes):
-            if pointer is not None and pointer != step:
-                logger.info(
-                    "%s/%s names step %s; the newest complete checkpoint is %d", root, LATEST_NAME, pointer, step
+            if pointer != step:  # missing, unreadable, or naming another (incomplete, removed) checkpoint
+                logger.warning(
+                    "%s/%s %s; resuming from the newest complete checkpoint, step %d",
+                    root,
+                    LATEST_NAME,
+                    "is missing or unreadable" if pointer is None else f"names step {pointer}",
+                    step,
                 )
             return step, path
         logger.info("skipping %s: incomplete or corrupt", path)

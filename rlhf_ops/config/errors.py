@@ -31,6 +31,20 @@ class ConfigError(ValueError):
         super().__init__(f"invalid configuration ({len(self.problems)} problem(s)):\n{lines}")
 
 
+SHOWN_VALUE_LIMIT = 120  # characters of a refused value quoted in its message (a 100k-character value stays one line)
+
+
+def shown_value(value: Any) -> str:
+    """``repr(value)``, cut to ``SHOWN_VALUE_LIMIT`` characters: always one line, whatever the value holds."""
+    text = repr(value)
+    return f"{text[:SHOWN_VALUE_LIMIT]}... ({len(text)} chars)" if len(text) > SHOWN_VALUE_LIMIT else text
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks folded into spaces (library messages, e.g. YAML's, span lines)."""
+    return " ".join(text.split())
+
+
 def _dotted(loc: Iterable[Any]) -> str:
     return ".".join(str(part) for part in loc)
 
@@ -78,7 +92,7 @@ def from_validation_error(exc: ValidationError, root: type[BaseModel]) -> Config
     for error in exc.errors():
         loc = list(error["loc"])
         value = error.get("input")
-        shown = "" if error["type"] in ("missing",) or isinstance(value, dict) else f" (got {value!r})"
-        message = error["msg"].rstrip(".") + shown
+        shown = "" if error["type"] in ("missing",) or isinstance(value, dict) else f" (got {shown_value(value)})"
+        message = one_line(error["msg"]).rstrip(".") + shown
         problems.append(ConfigProblem(_dotted(loc), message, _fix_for(error, root)))
     return ConfigError(problems)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rlhf_ops.config.errors import ConfigError, ConfigProblem, from_validation_error
+from rlhf_ops.config.errors import ConfigError, ConfigProblem, from_validation_error, one_line, shown_value
 from rlhf_ops.config.schema import RunConfig
 from rlhf_ops.config.validate import check_config
 
@@ -52,11 +52,15 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError([ConfigProblem(item, "override is not of the form dotted.key=value", "write key=value")])
+        raise ConfigError(
+            [ConfigProblem(shown_value(item), "override is not of the form dotted.key=value", "write key=value")]
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem(key, f"value {raw!r} is not valid YAML ({exc})", "quote it")]) from exc
+        reason = one_line(str(exc))[:200]
+        problem = ConfigProblem(key, f"value {shown_value(raw)} is not valid YAML ({reason})", "quote it")
+        raise ConfigError([problem]) from None
     return key.split("."), value
 
 

@@ -9,9 +9,10 @@ sizes in :mod:`rlhf_ops.config.batch_plan`. Workers receive their own section, n
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from rlhf_ops.config.multi_turn import MultiTurnConfig
@@ -68,8 +69,23 @@ def _not_blank(fix: str) -> AfterValidator:
 PathComponent = Annotated[str, AfterValidator(_path_component)]
 
 
+def _numeric_only(annotation: Any) -> bool:
+    """Whether a field takes numbers but no bool (``int``, ``float | None``...)."""
+    args = set(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else {annotation}
+    return bool(args & {int, float}) and bool not in args
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: an infinite or NaN float is never a setting (and JSON, hence XCom, cannot carry it).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads True as 1: YAML's `yes` / `true` would silently become lr=1.0 or keep_last=1.
+        if isinstance(value, bool) and info.field_name and _numeric_only(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_number", "is a boolean where a number is meant", {"fix": "set a number"})
+        return value
 
 
 class LoraConfig(_Section):

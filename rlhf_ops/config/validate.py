@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rlhf_ops.config.errors import ConfigError, ConfigProblem
+from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 
@@ -150,17 +150,30 @@ def _resume_mode_problem(mode: str) -> ConfigProblem | None:
     if mode in RESUME_KEYWORDS:
         return None
     if "://" in mode:
-        parts = urlsplit(mode)
+        try:
+            parts = urlsplit(mode)
+        except ValueError as exc:  # e.g. an unclosed '[' of an IPv6 host
+            return ConfigProblem("trainer.resume_mode", f"{shown_value(mode)} is not a valid URL ({exc})", fix)
         if parts.scheme.lower() not in CHECKPOINT_SCHEMES or not (parts.netloc or parts.path.strip("/")):
-            return ConfigProblem("trainer.resume_mode", f"{mode!r} is not a checkpoint URL of a known scheme", fix)
-        if parts.scheme.lower() == "file" and not Path(parts.path).exists():
-            return ConfigProblem("trainer.resume_mode", f"{mode!r} does not exist", fix)
+            return ConfigProblem(
+                "trainer.resume_mode", f"{shown_value(mode)} is not a checkpoint URL of a known scheme", fix
+            )
+        if parts.scheme.lower() == "file" and not _exists(parts.path):
+            return ConfigProblem("trainer.resume_mode", f"{shown_value(mode)} does not exist", fix)
         return None
-    if not Path(mode).exists():
+    if not _exists(mode):
         return ConfigProblem(
-            "trainer.resume_mode", f"{mode!r} is neither 'auto', 'disable', a URL nor an existing path", fix
+            "trainer.resume_mode", f"{shown_value(mode)} is neither 'auto', 'disable', a URL nor an existing path", fix
         )
     return None
+
+
+def _exists(path: str) -> bool:
+    """``Path(path).exists()``, False for a name the OS refuses (too long, NUL): a typo, not a crash."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:

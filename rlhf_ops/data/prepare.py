@@ -45,6 +45,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlhf_ops.data.row_text import data_source_problem, text_problem
 from rlhf_ops.data.toy_tasks import make_toy_dataset
 from rlhf_ops.storage.stores import SUPPORTED_SCHEMES, open_store, url_scheme
 from rlhf_ops.storage.stores import redact_url as _redact
@@ -175,7 +176,7 @@ def _iter_file(fs: Any, path: str, source: str) -> Iterator[_Raw]:
             if line.strip():
                 try:
                     yield _Raw(source, i, json.loads(line.decode("utf-8")))
-                except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, [[[...]]] nesting
                     text = line.decode("utf-8", errors="replace").rstrip("\n")
                     yield _Raw(source, i, text, _Reject("invalid_json", f"line {i} is not UTF-8 JSON: {exc}"))
 
@@ -273,6 +274,8 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
     row = raw.row
     if not isinstance(row, dict):
         raise _Reject("not_an_object", f"row is {type(row).__name__}; expected an object with named fields")
+    if (bad_text := text_problem(row)) is not None:
+        raise _Reject("invalid_text", bad_text)
     fields = {name: spec.field_map.get(name, name) for name in FIELDS}
     value = _lookup(row, fields["prompt"])
     if value is _MISSING:
@@ -287,6 +290,9 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
         "extra_info": _extra_info(row, fields["extra_info"]),
         "ability": _scalar(row, fields["ability"], "ability", ""),
     }
+    bad_source = _lookup(row, fields["data_source"]) is not _MISSING and data_source_problem(columns["data_source"])
+    if bad_source:
+        raise _Reject("unsafe_data_source", f"{bad_source}; use a name like 'openai/gsm8k'")
     # verl's reward_model column, kept so verl reads the output too; "rule": scored by a rule function.
     columns["reward_model"] = {
         "ground_truth": columns["ground_truth"],

@@ -56,7 +56,10 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
     }
     if address:
         ray.init(address=address, runtime_env={"env_vars": env})
-    else:
+    else:  # a local cluster: its worker processes die with this driver, however it dies
+        from rlhf_ops.process_reaper import start_run_reaper
+
+        start_run_reaper()
         ray.init(include_dashboard=False, runtime_env={"env_vars": env})
 
 

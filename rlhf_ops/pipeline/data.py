@@ -56,12 +56,24 @@ def data_settings(params: PipelineParams) -> dict[str, Any]:
     }
 
 
-def prepare_for_run(params: PipelineParams, layout: RunLayout) -> dict[str, Any]:
+def prepare_for_run(
+    params: PipelineParams, layout: RunLayout, *, override_policy: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Prepare this run's data; returns :class:`~rlhf_ops.data.prepare.PrepareResult` as a dict.
 
+    ``override_policy``: the DAG's :class:`~rlhf_ops.pipeline.override_policy.OverridePolicy` (as a dict), checked
+    before any data is read (the form's ``overrides`` steer what this task reads, e.g. ``data.train_files``).
+
     Raises:
+        ConfigError: an override the form may not set.
         ValueError: a bad source or field map, or (``DataQualityError``) too many rejected rows.
     """
+    from rlhf_ops.config import ConfigError
+    from rlhf_ops.pipeline.override_policy import OverridePolicy
+
+    refused = OverridePolicy.from_dict(override_policy).problems(params.overrides)
+    if refused:
+        raise ConfigError(refused)
     from rlhf_ops.data.images import load_tokenizer_or_processor
     from rlhf_ops.data.prepare import PrepareSpec, prepare_dataset
     from rlhf_ops.models.resolve import resolve_model_path

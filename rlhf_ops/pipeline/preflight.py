@@ -20,6 +20,7 @@ from typing import Any
 
 from rlhf_ops.config import ConfigError, RunConfig, load_config
 from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.pipeline.override_policy import OverridePolicy
 from rlhf_ops.pipeline.params import PipelineParams, param_overrides, run_overrides, train_entrypoint
 from rlhf_ops.pipeline.preflight_checks import (
     Problem,
@@ -183,7 +184,12 @@ def resolve_run_config(
 
 
 def run_preflight(
-    params: PipelineParams, layout: RunLayout, prepared: Mapping[str, Any], *, model_path: str | None = None
+    params: PipelineParams,
+    layout: RunLayout,
+    prepared: Mapping[str, Any],
+    *,
+    model_path: str | None = None,
+    override_policy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Resolve, validate, check and plan the run.
 
@@ -192,6 +198,8 @@ def run_preflight(
         layout: Where the run keeps its files.
         prepared: ``prepare_data``'s result (``PrepareResult`` as a dict).
         model_path: The warm-start model folder, when the run starts from the champion.
+        override_policy: Which keys ``params.overrides`` may set (:class:`OverridePolicy` as a dict, from the
+            DAG's spec); None: the default set.
 
     Returns:
         ``{"config": resolved config (JSON), "overrides", "entrypoint", "total_steps", "checkpoint_steps",
@@ -201,6 +209,9 @@ def run_preflight(
         ConfigError: an invalid value; PreflightError (a ConfigError): something missing, wrong or unreachable.
         ValueError: too little data.
     """
+    refused = OverridePolicy.from_dict(override_policy).problems(params.overrides)
+    if refused:  # before anything is resolved: a refused key is not even validated
+        raise PreflightError(refused)
     config, overrides = resolve_run_config(params, layout, prepared, model_path=model_path)
     notes: list[str] = []
     problems = _check_prepared(prepared) + preflight_problems(

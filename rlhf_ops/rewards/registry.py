@@ -18,6 +18,7 @@ import importlib
 import inspect
 from typing import Any, Protocol, cast, runtime_checkable
 
+from rlhf_ops.code_policy import check_code_allowed
 from rlhf_ops.rewards.default import default_compute_score, format_score
 from rlhf_ops.rewards.gsm8k import gsm8k_flexible_score, gsm8k_score
 from rlhf_ops.rewards.length import OverlongPenalty
@@ -71,8 +72,9 @@ def load_reward_fn(spec: str) -> RewardFn:
         The callable.
 
     Raises:
-        ValueError: if the name is unknown, the module cannot be imported, the attribute is missing or
-            not callable; the message names ``spec`` and the fix.
+        ValueError: if the name is unknown, the module is not on the operator's allow-list
+            (:mod:`rlhf_ops.code_policy`, a ``CodeNotAllowedError``), the module cannot be imported, the
+            attribute is missing or not callable; the message names ``spec`` and the fix.
     """
     if spec in BUILTIN_REWARD_FNS:
         return BUILTIN_REWARD_FNS[spec]
@@ -85,6 +87,7 @@ def load_reward_fn(spec: str) -> RewardFn:
             f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARD_FNS)}) nor a dotted path; "
             "use a built-in name or 'package.module:function'."
         )
+    check_code_allowed(module_name, what=f"reward function {spec!r}")  # importing runs the module: operator's list
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:

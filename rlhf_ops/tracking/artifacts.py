@@ -52,7 +52,8 @@ def log_rejected_sample(logger: MetricLogger, rows: Sequence[Mapping[str, Any]],
     if max_rows < 0:
         raise ValueError(f"log_rejected_sample: max_rows must be >= 0, got {max_rows}")
     sample = list(rows[:max_rows])
-    text = "".join(json.dumps(dict(r), default=str, ensure_ascii=False) + "\n" for r in sample)
+    # Rows are user data: URL passwords and token shapes in them are masked like every other artifact.
+    text = "".join(json.dumps(redact_config(dict(r)), default=str, ensure_ascii=False) + "\n" for r in sample)
     logger.log_text(text, REJECTED_SAMPLE_ARTIFACT)
     return len(sample)
 

@@ -65,7 +65,8 @@ ALLOWED_KEY_NAMES = frozenset(
     }
 )
 # Credentials embedded in values: URL user-info passwords and well-known token shapes.
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):(?P<pw>[^@/\s]+)@")
+# The password may hold '/' and '+' (AWS secret keys do): it runs to the first '@' after the user's ':'.
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):(?P<pw>[^@\s]+?)@")
 _TOKEN_SHAPES = re.compile(
     r"\b(hf_[A-Za-z0-9]{30,}|(?:AKIA|ASIA)[0-9A-Z]{16}|sk-[A-Za-z0-9_\-]{20,}|gh[pousr]_[A-Za-z0-9]{30,})\b"
 )

@@ -96,6 +96,7 @@ from rlhf_pipeline import tasks
 try:
     tasks.preflight(json.loads({json.dumps(prepared)!r}), conns={{"s3_conn_id": None, "mlflow_conn_id": None}},
                     ray_conn_id="ray_default", params=json.loads({json.dumps(params)!r}),
+                    override_policy={{"extra_allowed": ["reward.reward_fn"]}},  # a spec that lets the form set it
                     dag=SimpleNamespace(dag_id="d"), run_id="manual__1")
 except AirflowFailException as exc:
     print("FAILED:", str(exc).splitlines()[0])

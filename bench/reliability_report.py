@@ -1,0 +1,108 @@
+"""Runs the reliability and security suite (``tests/reliability``) and prints its figures.
+
+Every case records what it measured (fuzzed values refused / accepted, rows accounted for, kills survived and
+processes left alive, lost / repeated steps, storage faults injected, secrets found) into a JSON file per case;
+this script runs pytest with ``RLHF_RELIABILITY_OUT`` pointing at a folder, then prints one table.
+
+    .venv/bin/python bench/reliability_report.py                # the default cases (~5 minutes on 2 cores)
+    .venv/bin/python bench/reliability_report.py --slow         # plus the slow ones (3000 fuzzed values,
+                                                                #  100 faulty syncs, kill + resume of rlhf train)
+    .venv/bin/python bench/reliability_report.py --from DIR     # print figures recorded earlier
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (case file prefix, figure, label) in report order.
+ROWS = [
+    ("test_config_fuzz.", "cases", "config: fuzzed (key, bad value) cases"),
+    ("test_config_fuzz.", "keys", "config: schema keys fuzzed"),
+    ("test_config_fuzz.", "refused", "config: refused, one line naming the key"),
+    ("test_config_fuzz.", "accepted", "config: accepted (valid for the key)"),
+    ("test_config_fuzz.", "crashes", "config: crashes"),
+    ("test_config_fuzz.", "bad_messages", "config: refusals not one line / not naming the key"),
+    ("test_hostile_rows.", "rows", "prepare-data: hostile JSONL lines"),
+    ("test_hostile_rows.", "accepted", "prepare-data: accepted"),
+    ("test_hostile_rows.", "rejected", "prepare-data: rejected with the expected kind"),
+    ("test_hostile_rows.", "blank", "prepare-data: blank"),
+    ("test_path_components.", "names", "hostile experiment / run names"),
+    ("test_path_components.", "names_refused", "names refused by the config"),
+    ("test_path_components.", "files_outside_root", "files written outside their root"),
+    ("test_who_may_do_what.", "hostile_overrides", "form overrides outside the allowed set"),
+    ("test_who_may_do_what.", "refused", "form overrides refused at preflight"),
+    ("test_who_may_do_what.", "refused_modules", "reward modules refused (not on the allow-list)"),
+    ("test_secrets.", "occurrences", "secrets found in the MLflow store (params, tags, artifacts)"),
+    ("test_secrets_pipeline.", "occurrences", "secrets found after a pipeline run (MLflow, XCom, logs, ckpts)"),
+    ("test_storage_faults.", "syncs", "S3 syncs under faults"),
+    ("test_storage_faults.", "faults_injected", "S3 faults injected (500 / 503 / reset, slow answers)"),
+    ("test_storage_faults.", "succeeded", "S3 syncs that completed"),
+    ("test_storage_faults.", "failed_cleanly", "S3 syncs that failed cleanly (SyncError, no manifest)"),
+    ("test_storage_faults.", "checkpoint_without_manifest_seen", "remote checkpoint seen without its manifest"),
+    ("test_storage_faults.", "worst_sync_s", "slowest sync (s; retries bounded)"),
+    ("test_storage_faults.", "disk_full_saves", "disk-full saves: previous checkpoint and latest kept"),
+    ("test_kill.", "kills", "SIGKILL of a run's process group"),
+    ("test_kill.", "alive_after_kill", "processes of the killed run alive after the bound (5 s)"),
+    ("test_kill.", "seconds_to_clean", "seconds until none was left"),
+    ("test_kill.", "lost_steps", "optimizer steps lost after kill + resume"),
+    ("test_kill.", "repeated_steps", "optimizer steps repeated after kill + resume"),
+]
+
+
+def run_suite(out: Path, *, slow: bool) -> int:
+    env = {**os.environ, "RLHF_RELIABILITY_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    if slow:
+        env["RLHF_TEST_SLOW"] = "1"
+    marker = [] if slow else ["-m", "not slow"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *marker, "tests/reliability"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+
+
+def load(out: Path) -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+
+
+def table(cases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(label, value)`` per figure; figures of several cases of a kind (e.g. default + slow) are summed."""
+    lines = []
+    for prefix, key, label in ROWS:
+        values = [fig[key] for case, fig in cases.items() if case.startswith(prefix) and key in fig]
+        if not values:
+            continue
+        value = max(values) if key.startswith(("worst", "seconds")) else sum(values)
+        lines.append((label, f"{value:g}" if isinstance(value, float) else str(value)))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slow", action="store_true", help="also run the slow cases")
+    parser.add_argument("--from", dest="source", type=Path, help="print the figures recorded in this folder")
+    args = parser.parse_args(argv)
+    rc = 0
+    if args.source is None:
+        out = Path(tempfile.mkdtemp(prefix="rlhf-reliability-"))
+        rc = run_suite(out, slow=args.slow)
+    else:
+        out = args.source
+    rows = table(load(out))
+    width = max((len(label) for label, _ in rows), default=10)
+    print(f"\nreliability figures ({out}):")
+    for label, value in rows:
+        print(f"  {label:<{width}}  {value}")
+    if rc:
+        print(f"pytest exited {rc}: a case failed (its figures may be missing)")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""Which Python modules user-named code (reward functions, rollout tools) may be imported from.
+
+A config names code by dotted path (``reward.reward_fn=my_pkg.rewards:score``), and the trigger form of a
+pipeline is a config. Importing a module runs it, so only modules under a prefix the platform operator allows
+are imported; built-ins are always allowed. The operator sets the allow-list, never the run's config:
+
+- ``RLHF_ALLOWED_CODE_MODULES``: comma-separated module prefixes (``my_pkg,team_rewards.v2``), or ``*`` (any);
+- the platform file (``$RLHF_PLATFORM_CONFIG``, default ``/etc/rlhf-ops/platform.yaml``) with
+  ``allowed_code_modules: [my_pkg, team_rewards.v2]``.
+
+Both are read where the code is imported (the Airflow worker's pre-flight and the Ray job), so set them on
+both (the images' environment or the same platform file). A prefix matches the module itself and its
+submodules: ``my_pkg`` allows ``my_pkg`` and ``my_pkg.rewards``, not ``my_pkg_evil``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+ALLOWED_MODULES_ENV = "RLHF_ALLOWED_CODE_MODULES"
+PLATFORM_CONFIG_ENV = "RLHF_PLATFORM_CONFIG"
+DEFAULT_PLATFORM_CONFIG = "/etc/rlhf-ops/platform.yaml"
+BUILTIN_PREFIXES = ("rlhf_ops",)
+
+
+class CodeNotAllowedError(ValueError):
+    """A dotted path names a module outside the operator's allow-list; the message says how to allow it."""
+
+
+def _platform_file_prefixes() -> list[str]:
+    path = Path(os.environ.get(PLATFORM_CONFIG_ENV) or DEFAULT_PLATFORM_CONFIG)
+    if not path.is_file():
+        return []
+    data = yaml.safe_load(path.read_text()) or {}
+    entries = data.get("allowed_code_modules") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise CodeNotAllowedError(
+            f"{path}: allowed_code_modules must be a list of module prefixes (e.g. [my_pkg]); fix the platform file"
+        )
+    return entries
+
+
+def allowed_prefixes() -> tuple[str, ...]:
+    """The built-in prefixes plus the operator's (``*`` allows any module)."""
+    extra = [p for p in os.environ.get(ALLOWED_MODULES_ENV, "").split(",") if p.strip()]
+    extra += _platform_file_prefixes()
+    return (*BUILTIN_PREFIXES, *dict.fromkeys(p.strip().rstrip(".") for p in extra))
+
+
+def is_allowed(module: str, prefixes: tuple[str, ...] | None = None) -> bool:
+    """Whether ``module`` (``pkg.sub``) is under one of ``prefixes`` (default :func:`allowed_prefixes`)."""
+    prefixes = allowed_prefixes() if prefixes is None else prefixes
+    return any(p == "*" or module == p or module.startswith(f"{p}.") for p in prefixes)
+
+
+def check_code_allowed(module: str, *, what: str) -> None:
+    """Raises :class:`CodeNotAllowedError` unless ``module`` may be imported for ``what`` (``reward function
+    'x:f'``, ``tool 'y:T'``)."""
+    prefixes = allowed_prefixes()
+    if is_allowed(module, prefixes):
+        return
+    raise CodeNotAllowedError(
+        f"{what}: module {module!r} is not on the platform's allow-list of code modules ({', '.join(prefixes)}); "
+        f"use a built-in, or ask the platform operator to add its package to {ALLOWED_MODULES_ENV} or to "
+        f"allowed_code_modules in the platform file (${PLATFORM_CONFIG_ENV}, default {DEFAULT_PLATFORM_CONFIG})"
+    )

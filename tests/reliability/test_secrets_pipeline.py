@@ -1,0 +1,121 @@
+"""Secrets through the whole pipeline: the e2e harness (``tests/e2e/test_pipeline_dag.py``: ``dag.test()``, a
+private Ray head with token auth, an MLflow server, moto S3) with realistic AWS keys, a Ray token and an MLflow
+password in the environment and in the Airflow connections; then every byte the run left is scanned: the MLflow
+server's folder (params, tags, artifacts), the Airflow home (its database: XCom, rendered task fields; task
+logs), the Ray head's temp folder (job driver logs), the work folder (checkpoints) and every S3 object.
+HEAVY (a real pipeline run, ~4 minutes on a quiet machine): run it under the heavy lock.
+"""
+
+from __future__ import annotations
+
+from tests.support.airflow_env import configure_airflow_env
+
+configure_airflow_env()  # before anything imports airflow
+
+import glob  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.e2e.test_pipeline_dag import BUCKET, pipeline_run  # noqa: E402,F401  (the harness's run fixture)
+from tests.reliability.conftest import Figures  # noqa: E402
+from tests.reliability.test_secrets import (  # noqa: E402
+    AWS_KEY_ID,
+    AWS_SECRET,
+    MLFLOW_PASSWORD,
+    RAY_TOKEN,
+    scan,
+)
+from tests.support.mlflow_server import mlflow_server  # noqa: E402
+from tests.support.moto_server import REGION, running_moto_server  # noqa: E402
+from tests.support.ray_cluster import start_ray_head  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The e2e services, with the secrets where a deployment keeps them (the harness's own uses test values)."""
+    saved = dict(os.environ)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ.update(
+        {
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_ACCESS_KEY_ID": AWS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
+            "MLFLOW_TRACKING_USERNAME": "mlflow-admin",
+            "MLFLOW_TRACKING_PASSWORD": MLFLOW_PASSWORD,
+        }
+    )
+    mlflow_root = tmp_path_factory.mktemp("mlflow")
+    before = set(glob.glob("/tmp/rayt_*"))
+    with running_moto_server() as moto, mlflow_server(root=mlflow_root) as tracking_uri:
+        moto.create_bucket(BUCKET)
+        head = start_ray_head(tmp_path_factory.mktemp("ray"), auth_token=RAY_TOKEN, num_cpus=2)
+        port = int(head.dashboard_url.rsplit(":", 1)[1])
+        os.environ.update(
+            {
+                "AIRFLOW_CONN_RAY_DEFAULT": json.dumps(
+                    {"conn_type": "ray", "host": "127.0.0.1", "port": port, "password": RAY_TOKEN}
+                ),
+                "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(
+                    {"conn_type": "http", "host": tracking_uri, "login": "mlflow-admin", "password": MLFLOW_PASSWORD}
+                ),
+                "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
+                    {
+                        "conn_type": "aws",
+                        "login": AWS_KEY_ID,
+                        "password": AWS_SECRET,
+                        "extra": {"endpoint_url": moto.endpoint_url, "region_name": REGION},
+                    }
+                ),
+            }
+        )
+        ray_dirs = sorted(set(glob.glob("/tmp/rayt_*")) - before)
+        try:
+            yield {
+                "tracking_uri": tracking_uri,
+                "dashboard": head.dashboard_url,
+                "s3": moto.client(),
+                "mlflow_root": mlflow_root,
+                "ray_dirs": ray_dirs,
+            }
+        finally:
+            head.stop()
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+def test_a_pipeline_run_leaves_no_secret_anywhere(
+    pipeline_run: dict[str, Any],  # noqa: F811
+    services: dict[str, Any],
+    tmp_path: Path,
+    figures: Figures,
+) -> None:
+    assert pipeline_run["dag_run"].state == "success"
+    s3 = services["s3"]
+    objects = tmp_path / "s3"
+    for obj in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+        path = objects / obj["Key"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read())
+    places = {
+        "mlflow": services["mlflow_root"],
+        "airflow_home": configure_airflow_env(),
+        "s3_objects": objects,
+        **{f"ray_{i}": Path(d) for i, d in enumerate(services["ray_dirs"])},
+    }
+    work = pipeline_run["xcom"]("preflight", "layout") or {}
+    if isinstance(work, dict) and work.get("checkpoint_root"):
+        places["checkpoints"] = Path(str(work["checkpoint_root"]))
+    found = {where: hits for where, root in places.items() if root.exists() and (hits := scan(root))}
+    files = sum(1 for root in places.values() if root.exists() for p in root.rglob("*") if p.is_file())
+    figures.record(places=len(places), files_scanned=files, occurrences=sum(len(v) for v in found.values()))
+    assert found == {}
