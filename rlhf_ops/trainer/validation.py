@@ -12,6 +12,7 @@ import torch
 from rlhf_ops.config.schema import SamplingConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.trainer.generation import merge_generation
 from rlhf_ops.trainer.metrics import compute_reward_metrics_by_source
 from rlhf_ops.trainer.reward import RewardStage, decode_responses
 from rlhf_ops.trainer.roles import ActorRolloutRef
@@ -30,8 +31,6 @@ def generate_and_score(
     eos_token_ids: Sequence[int] | None = None,
 ) -> tuple[DataProto, dict[str, list[float]], list[str]]:
     """Every validation prompt, ``sampling.n`` times; returns the scored batch, reward extras and texts."""
-    from rlhf_ops.trainer.ppo_trainer import merge_generation
-
     parts: list[DataProto] = []
     extras: dict[str, list[float]] = {}
     texts: list[str] = []

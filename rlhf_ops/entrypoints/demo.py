@@ -128,7 +128,7 @@ def _decode(value: Any) -> Any:
 
 
 def _mlflow_start(root: Path, *, postgres: bool) -> Any:
-    from rlhf_ops.pipeline.local_stack import ensure_postgres_databases, start_mlflow_server
+    from rlhf_ops.entrypoints.local_stack import ensure_postgres_databases, start_mlflow_server
 
     backend = None
     if postgres:
@@ -148,7 +148,7 @@ def run_demo(
         steps: Training steps (None: the tiny-cpu preset's).
         echo: Where progress lines go.
     """
-    from rlhf_ops.pipeline.local_stack import start_ray_head
+    from rlhf_ops.entrypoints.local_stack import start_ray_head
 
     if "airflow" in sys.modules:
         raise RuntimeError("run the demo in a fresh process: airflow was already imported with other settings")
