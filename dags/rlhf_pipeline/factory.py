@@ -67,7 +67,7 @@ def build_pipeline_dag(
         max_active_runs: Concurrent runs of this DAG.
     """
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
-    heavy = {"queue": heavy_queue} if heavy_queue else {}
+    heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
     with DAG(
         dag_id,
         schedule=schedule,
@@ -80,11 +80,13 @@ def build_pipeline_dag(
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
     ) as dag:
-        prepared = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns)
-        plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
+        # XCom references are typed Any: a task called with XComArgs (resolved at run time) does not type-check
+        # against the function's parameters, and Airflow types a multiple_outputs result as unindexable.
+        prepared: Any = task(task_id="prepare_data", **heavy)(tasks.prepare_data)(conns=conns)
+        plan: Any = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
             prepared, conns=conns, ray_conn_id=ray_conn_id
         )
-        tracking = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
+        tracking: Any = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns
         )
         train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s)
@@ -123,7 +125,7 @@ def _train(*, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float |
 
 
 def _evaluations(
-    plan: Any, tracking: Any, *, conns: dict[str, str | None], heavy: dict[str, str], poke_s: float, timeout_s: float
+    plan: Any, tracking: Any, *, conns: dict[str, str | None], heavy: dict[str, Any], poke_s: float, timeout_s: float
 ) -> Any:
     """The ``evaluate`` group (wait for checkpoint N, evaluate it) mapped over the planned checkpoint steps."""
     wait = task.sensor(task_id="wait_for_checkpoint", mode="reschedule", poke_interval=poke_s, timeout=timeout_s)(
@@ -133,7 +135,7 @@ def _evaluations(
 
     @task_group(group_id="evaluate")
     def evaluate_group(step: int) -> None:
-        found = wait(step=step, layout=plan["layout"], conns=conns)
+        found: Any = wait(step=step, layout=plan["layout"], conns=conns)  # an XComArg (see build_pipeline_dag)
         evaluate(found, plan["config"], plan["layout"], tracking["mlflow_run_id"], conns=conns)
 
     steps = task(task_id="plan_evaluations")(tasks.plan_evaluations)(plan["checkpoint_steps"])

@@ -32,7 +32,7 @@ from rlhf_ops.trainer.metrics import (
     log_profile_traces,
 )
 from rlhf_ops.trainer.reward import RewardStage
-from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
+from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
 
@@ -95,8 +95,8 @@ class PPOTrainer:
         train_loader: PromptLoader,
         val_loader: PromptLoader | None,
         logger: MetricLogger,
-        tokenizer: Any,
-        checkpointer: Any | None = None,
+        tokenizer: Tokenizer,
+        checkpointer: Checkpointer | None = None,
         eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         self.config, self.plan = config, plan
