@@ -20,7 +20,6 @@ __all__ = [
     "compute_position_ids",
     "get_response_mask",
     "pad_sequences_left",
-    "pad_sequences_right",
 ]
 
 
@@ -30,7 +29,6 @@ def _pad_sequences(
     pad_value: float,
     max_length: int | None,
     dtype: torch.dtype | None,
-    left: bool,
 ) -> Tensor:
     rows = [s.flatten() if isinstance(s, Tensor) else torch.as_tensor(list(s)) for s in seqs]
     if dtype is None:
@@ -47,10 +45,7 @@ def _pad_sequences(
         n = len(row)
         if n == 0:
             continue
-        if left:
-            out[i, length - n :] = row.to(dtype)
-        else:
-            out[i, :n] = row.to(dtype)
+        out[i, length - n :] = row.to(dtype)
     return out
 
 
@@ -74,28 +69,7 @@ def pad_sequences_left(
 
     The matching attention mask is ``pad_sequences_left([[1] * len(s) for s in seqs], pad_value=0)``.
     """
-    return _pad_sequences(seqs, pad_value=pad_value, max_length=max_length, dtype=dtype, left=True)
-
-
-def pad_sequences_right(
-    seqs: Sequence[Sequence[int] | Sequence[float] | Tensor],
-    *,
-    pad_value: float,
-    max_length: int | None = None,
-    dtype: torch.dtype | None = None,
-) -> Tensor:
-    """Right-pad ragged sequences into one (B, L) tensor (the response layout).
-
-    Args:
-        seqs: B sequences (lists or 1-D tensors) of possibly different lengths.
-        pad_value: value written in the padding columns.
-        max_length: L; defaults to the longest sequence. A longer sequence raises ``ValueError``.
-        dtype: output dtype; defaults to the first tensor's dtype, else ``torch.long``.
-
-    Returns:
-        (B, L) tensor on the CPU; row i starts with ``seqs[i]``.
-    """
-    return _pad_sequences(seqs, pad_value=pad_value, max_length=max_length, dtype=dtype, left=False)
+    return _pad_sequences(seqs, pad_value=pad_value, max_length=max_length, dtype=dtype)
 
 
 def compute_position_ids(attention_mask: Tensor) -> Tensor:
