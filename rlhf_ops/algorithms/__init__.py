@@ -17,7 +17,6 @@ from rlhf_ops.algorithms.advantages import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
-    is_group_estimator,
     needs_critic,
 )
 from rlhf_ops.algorithms.kl import (
@@ -73,7 +72,6 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
-    "is_group_estimator",
     "kl_penalty",
     "logprobs_and_entropy",
     "logprobs_from_logits",
