@@ -163,7 +163,6 @@ def make_plan(args: argparse.Namespace, *, dynamic: bool) -> PPOPlan:
         mini_batch_size=mini,
         mini_batch_size_per_rank=mini,
         micro_batch_size_per_rank=micro,
-        grad_accum_steps=mini // micro,
         num_mini_batches=args.mini_batches,
         ppo_epochs=1,
         use_dynamic_bsz=dynamic,

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support when run as a script
 
-from rlhf_ops.checkpoint.manifest import write_manifest  # noqa: E402
 from rlhf_ops.storage import sync_checkpoint  # noqa: E402
+from rlhf_ops.storage.manifest import write_manifest  # noqa: E402
 from tests.support.moto_server import running_moto_server  # noqa: E402
 
 MiB = 2**20

@@ -68,7 +68,7 @@ RUN if ! command -v airflow >/dev/null; then \
     && mkdir -p /opt/rlhf/bin /opt/rlhf/src && chown -R 50000:0 /opt/rlhf
 USER 50000
 
-# Python dependencies of the Airflow-facing modules (rlhf_ops.config / .tracking / .storage / .checkpoint and the
+# Python dependencies of the Airflow-facing modules (rlhf_ops.config / .tracking / .storage / .pipeline and the
 # rlhf_airflow plugin package). A constraint is dropped only where it contradicts requirements-airflow.txt (plus
 # the packages released in lockstep with it: s3fs pins fsspec and, via aiobotocore, botocore); all others stay.
 COPY --chown=50000:0 docker/requirements-airflow.txt docker/constraints_without.py /opt/rlhf/
@@ -100,7 +100,7 @@ COPY --chown=50000:0 --chmod=0755 docker/airflow-init.sh /opt/rlhf/bin/airflow-i
 # Build-time checks: the Airflow-facing modules import, torch/vLLM/transformers did NOT leak in, and no broken
 # requirement except rlhf-ops' own (its torch/transformers/mlflow pins are bypassed on purpose, see above).
 RUN python -c "import importlib.util as u; \
-import rlhf_ops.config, rlhf_ops.tracking, rlhf_ops.tracking.mlflow_tracking, rlhf_ops.storage, rlhf_ops.checkpoint; \
+import rlhf_ops.config, rlhf_ops.tracking, rlhf_ops.tracking.mlflow_tracking, rlhf_ops.storage, rlhf_ops.pipeline.params; \
 import rlhf_airflow.hooks, rlhf_airflow.operators, rlhf_airflow.triggers, rlhf_airflow.links, ray.job_submission; \
 leaked = [m for m in ('torch', 'vllm', 'transformers', 'flash_attn') if u.find_spec(m) is not None]; \
 assert not leaked, f'heavy packages in the Airflow image: {leaked}'" \

@@ -92,7 +92,7 @@ def _run_base_model(ckpt: str) -> tuple[str, str | None]:
 
 def _export(args: argparse.Namespace) -> int:
     from rlhf_ops.checkpoint.export import export_hf_model
-    from rlhf_ops.checkpoint.manifest import CorruptCheckpointError
+    from rlhf_ops.storage.manifest import CorruptCheckpointError
 
     try:
         base, tokenizer = (args.base_model, None) if args.base_model else _run_base_model(args.ckpt)
@@ -183,7 +183,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rlhf_ops.demo import run_demo
+    from rlhf_ops.entrypoints.demo import run_demo
 
     result = run_demo(Path(args.root), postgres=args.postgres or _env_flag("RLHF_DEMO_POSTGRES"), steps=args.steps)
     return 0 if result.state == "success" else 1

@@ -21,7 +21,6 @@ __all__ = [
     "get_response_mask",
     "last_valid_index",
     "pad_sequences_left",
-    "pad_sequences_right",
 ]
 
 
@@ -31,7 +30,7 @@ def _pad_sequences(
     pad_value: float,
     max_length: int | None,
     dtype: torch.dtype | None,
-    left: bool,
+    left: bool = True,
 ) -> Tensor:
     rows = [s.flatten() if isinstance(s, Tensor) else torch.as_tensor(list(s)) for s in seqs]
     if dtype is None:
@@ -75,7 +74,7 @@ def pad_sequences_left(
 
     The matching attention mask is ``pad_sequences_left([[1] * len(s) for s in seqs], pad_value=0)``.
     """
-    return _pad_sequences(seqs, pad_value=pad_value, max_length=max_length, dtype=dtype, left=True)
+    return _pad_sequences(seqs, pad_value=pad_value, max_length=max_length, dtype=dtype)
 
 
 def pad_sequences_right(
@@ -85,7 +84,7 @@ def pad_sequences_right(
     max_length: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """Right-pad ragged sequences into one (B, L) tensor (the response layout).
+    """Right-pad ragged sequences into one (B, L) tensor (the response layout; the multi-turn rollout's).
 
     Args:
         seqs: B sequences (lists or 1-D tensors) of possibly different lengths.

@@ -244,15 +244,6 @@ class DataProto:
         batch = _make_td(tensors, ref[1] if ref else 0, device) if tensors else None
         return cls(batch=batch, non_tensor_batch=columns, meta_info=_as_meta(meta_info))
 
-    @classmethod
-    def from_single_dict(
-        cls, data: Mapping[str, Tensor | np.ndarray | Sequence[Any]], *, meta_info: Mapping[str, Any] | None = None
-    ) -> DataProto:
-        """Like :meth:`from_dict`, sorting one mapping by value type: tensors to ``batch``, others to columns."""
-        tensors = {k: v for k, v in data.items() if isinstance(v, Tensor)}
-        non_tensors = {k: v for k, v in data.items() if not isinstance(v, Tensor)}
-        return cls.from_dict(tensors, non_tensors=non_tensors, meta_info=meta_info)
-
     @property
     def tensors(self) -> TensorDict:
         """``batch`` typed as non-optional (for mypy); ``ValueError`` if this DataProto holds no tensors."""

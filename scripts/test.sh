@@ -17,6 +17,8 @@ fi
 echo "== real model" && .venv/bin/rlhf model resolve builtin:smollm2-135m-instruct 2>/dev/null
 echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy" && .venv/bin/mypy
+# The layer contracts of pyproject.toml ([tool.importlinter]); dags/ and plugins/ are import roots.
+echo "== lint-imports" && PYTHONPATH="$PWD:$PWD/plugins:$PWD/dags" .venv/bin/lint-imports
 marker="not slow"
 [ "${RLHF_TEST_SLOW:-0}" = "1" ] && marker=""
 echo "== pytest"

@@ -73,7 +73,7 @@ def build_pipeline_dag(
             (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
     """
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
-    heavy = {"queue": heavy_queue} if heavy_queue else {}
+    heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
     with DAG(
         dag_id,
         schedule=schedule,
@@ -86,14 +86,16 @@ def build_pipeline_dag(
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
     ) as dag:
+        # XCom references are typed Any: a task called with XComArgs (resolved at run time) does not type-check
+        # against the function's parameters, and Airflow types a multiple_outputs result as unindexable.
         policy = dict(override_policy or {})
-        prepared = task(task_id="prepare_data", outlets=[pipeline_asset(dag_id, "prepared_data")], **heavy)(
+        prepared: Any = task(task_id="prepare_data", outlets=[pipeline_asset(dag_id, "prepared_data")], **heavy)(
             tasks.prepare_data
         )(conns=conns, override_policy=policy)
-        plan = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
+        plan: Any = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
             prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
         )
-        tracking = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
+        tracking: Any = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns
         )
         train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s)
@@ -110,9 +112,10 @@ def build_pipeline_dag(
             plan["layout"], conns=conns
         )
         [train, evaluations] >> retained
-        registered = task(task_id="register_model", outlets=[pipeline_asset(dag_id, "registered_model")], **heavy)(
-            tasks.register_model
-        )(plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns)
+        register = task(task_id="register_model", outlets=[pipeline_asset(dag_id, "registered_model")], **heavy)
+        registered: Any = register(tasks.register_model)(
+            plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns
+        )
         retained >> registered
         champion = task(task_id="promote_champion", outlets=[pipeline_asset(dag_id, "champion")])(
             tasks.promote_champion
@@ -150,7 +153,7 @@ def _evaluations(
 
     @task_group(group_id="evaluate")
     def evaluate_group(step: int) -> None:
-        found = wait(step=step, layout=plan["layout"], conns=conns)
+        found: Any = wait(step=step, layout=plan["layout"], conns=conns)  # an XComArg (see build_pipeline_dag)
         evaluate(found, plan["config"], plan["layout"], tracking["mlflow_run_id"], conns=conns)
 
     steps = task(task_id="plan_evaluations")(tasks.plan_evaluations)(plan["checkpoint_steps"])

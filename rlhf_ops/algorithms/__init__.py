@@ -17,7 +17,6 @@ from rlhf_ops.algorithms.advantages import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
-    is_group_estimator,
     needs_critic,
 )
 from rlhf_ops.algorithms.kl import (
@@ -33,7 +32,6 @@ from rlhf_ops.algorithms.losses import (
     LOSS_AGG_MODES,
     agg_loss,
     apply_is_weights,
-    compute_entropy_loss,
     compute_policy_loss,
     compute_policy_loss_gspo,
     compute_value_loss,
@@ -61,7 +59,6 @@ __all__ = [
     "agg_loss",
     "apply_is_weights",
     "apply_kl_penalty",
-    "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_policy_loss",
@@ -75,7 +72,6 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
-    "is_group_estimator",
     "kl_penalty",
     "logprobs_and_entropy",
     "logprobs_from_logits",

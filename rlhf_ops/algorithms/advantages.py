@@ -263,22 +263,10 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "remax": compute_remax_outcome_advantage,
 }
 
-_GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
-
 
 def _check_name(name: str) -> None:
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"adv_estimator={name!r} is unknown; valid values: {sorted(ADVANTAGE_ESTIMATORS)}.")
-
-
-def is_group_estimator(name: str) -> bool:
-    """Whether estimator ``name`` compares samples of one prompt, so it needs ``rollout.n >= 2``.
-
-    Raises:
-        ValueError: If ``name`` is not a key of ``ADVANTAGE_ESTIMATORS``.
-    """
-    _check_name(name)
-    return name in _GROUP_ESTIMATORS
 
 
 def needs_critic(name: str) -> bool:

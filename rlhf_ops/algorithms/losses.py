@@ -288,38 +288,3 @@ def compute_value_loss(
     )
     vf_clipfrac = masked_mean(torch.gt(vf_losses2, vf_losses1).float(), response_mask)
     return vf_loss, {"critic/vf_clipfrac": vf_clipfrac.detach()}
-
-
-def compute_entropy_loss(
-    entropy: Tensor,
-    response_mask: Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_len: float | None = None,
-) -> Tensor:
-    """Aggregated token entropy (the actor subtracts ``entropy_coeff *`` this from its loss).
-
-    Unlike verl's it takes the token entropy, not the logits: compute it once with
-    :func:`rlhf_ops.algorithms.logits.entropy_from_logits` and reuse it for metrics.
-
-    Args:
-        entropy: (B, T) token entropy.
-        response_mask: (B, T).
-        loss_agg_mode: See :func:`agg_loss`.
-        global_num_tokens: See :func:`agg_loss`.
-        global_num_seqs: See :func:`agg_loss`.
-        norm_len: See :func:`agg_loss`.
-
-    Returns:
-        Scalar tensor.
-    """
-    return agg_loss(
-        entropy,
-        response_mask,
-        loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_len=norm_len,
-    )

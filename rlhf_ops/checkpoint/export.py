@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlhf_ops.checkpoint.manifest import (
+from rlhf_ops.storage.manifest import (
     CorruptCheckpointError,
     is_complete,
     parse_step_dir,
@@ -183,8 +183,8 @@ def export_hf_model(
         ValueError: Not a (complete) checkpoint, ``out_dir`` exists, or weights that do not fit the base model.
         CorruptCheckpointError: A file does not match the manifest.
     """
+    from rlhf_ops.checkpoint.dcp_reader import LORA_SCALING_FILE, read_model_state_dict
     from rlhf_ops.data.images import load_tokenizer_or_processor
-    from workers.checkpointing import LORA_SCALING_FILE, read_model_state_dict
 
     ckpt, out = Path(ckpt_dir), Path(out_dir)
     role_dir = ckpt / role

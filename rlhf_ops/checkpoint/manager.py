@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from rlhf_ops.checkpoint.manifest import CorruptCheckpointError as CorruptCheckpointError
-from rlhf_ops.checkpoint.manifest import (
+from rlhf_ops.storage.manifest import CorruptCheckpointError as CorruptCheckpointError
+from rlhf_ops.storage.manifest import (
     apply_retention,
     find_latest_complete,
     is_complete,
@@ -163,8 +163,8 @@ class CheckpointManager:
 
     def _fetch_explicit(self, where: str) -> Path:
         if "://" in where and not where.startswith("file://"):
-            from rlhf_ops.checkpoint.manifest import read_manifest
             from rlhf_ops.storage import open_store
+            from rlhf_ops.storage.manifest import read_manifest
 
             fs, path = open_store(where, storage_options=self.storage_options)
             return self._download(where, read_manifest(path, fs=fs).step)

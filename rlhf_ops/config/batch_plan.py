@@ -30,7 +30,6 @@ class PPOPlan:
     mini_batch_size: int  # sequences per optimizer step, all ranks
     mini_batch_size_per_rank: int
     micro_batch_size_per_rank: int  # ignored when use_dynamic_bsz
-    grad_accum_steps: int  # micro-batches per optimizer step (fixed-size micro-batches)
     num_mini_batches: int  # optimizer steps per ppo epoch
     ppo_epochs: int
     use_dynamic_bsz: bool
@@ -81,7 +80,6 @@ def _ppo_plan(
         mini_batch_size=mini,
         mini_batch_size_per_rank=per_rank,
         micro_batch_size_per_rank=micro,
-        grad_accum_steps=per_rank // micro,
         num_mini_batches=prompts // cfg.ppo_mini_batch_size,
         ppo_epochs=ppo_epochs,
         use_dynamic_bsz=cfg.use_dynamic_bsz,

@@ -7,14 +7,9 @@ Cross-field rules (the budget against ``rollout.max_new_tokens``, engines, spec 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_ops.config.errors import ConfigProblem
-
-if TYPE_CHECKING:
-    from rlhf_ops.config.schema import RunConfig
 
 BUILTIN_TOOL_NAMES = ("calculator", "python")
 BUILTIN_INTERACTION_NAMES = ("answer_feedback",)
@@ -53,9 +48,13 @@ def _spec_problem(key: str, spec: str, builtins: tuple[str, ...]) -> ConfigProbl
     )
 
 
-def multi_turn_problems(run: RunConfig) -> list[ConfigProblem]:
-    """Cross-field problems of ``rollout.multi_turn`` (empty when it is off or consistent)."""
-    cfg = run.rollout.multi_turn
+def multi_turn_problems(
+    cfg: MultiTurnConfig, *, max_new_tokens: int, apply_chat_template: bool, tensor_parallel_size: int
+) -> list[ConfigProblem]:
+    """Cross-field problems of ``rollout.multi_turn`` (empty when it is off or consistent).
+
+    Takes the few other values it checks against (not the whole run config: the schema imports this module).
+    """
     if not cfg.enable:
         return []
     problems = [p for s in cfg.tools if (p := _spec_problem("rollout.multi_turn.tools", s, BUILTIN_TOOL_NAMES))]
@@ -73,16 +72,16 @@ def multi_turn_problems(run: RunConfig) -> list[ConfigProblem]:
         )
     if len(set(cfg.tools)) != len(cfg.tools):
         problems.append(ConfigProblem("rollout.multi_turn.tools", f"{cfg.tools} lists a tool twice", "list once"))
-    if cfg.max_tool_response_tokens >= run.rollout.max_new_tokens:
+    if cfg.max_tool_response_tokens >= max_new_tokens:
         problems.append(
             ConfigProblem(
                 "rollout.multi_turn.max_tool_response_tokens",
-                f"{cfg.max_tool_response_tokens} is not below rollout.max_new_tokens={run.rollout.max_new_tokens}, "
+                f"{cfg.max_tool_response_tokens} is not below rollout.max_new_tokens={max_new_tokens}, "
                 "the budget of the whole multi-turn response (model and tool tokens)",
                 "lower it or raise rollout.max_new_tokens",
             )
         )
-    if cfg.tools and not run.data.apply_chat_template:
+    if cfg.tools and not apply_chat_template:
         problems.append(
             ConfigProblem(
                 "data.apply_chat_template",
@@ -90,11 +89,11 @@ def multi_turn_problems(run: RunConfig) -> list[ConfigProblem]:
                 "set data.apply_chat_template=true (and give prompts as chat messages)",
             )
         )
-    if run.rollout.tensor_model_parallel_size > 1:
+    if tensor_parallel_size > 1:
         problems.append(
             ConfigProblem(
                 "rollout.tensor_model_parallel_size",
-                f"{run.rollout.tensor_model_parallel_size}: the agent loop runs one engine per rank",
+                f"{tensor_parallel_size}: the agent loop runs one engine per rank",
                 "set 1 with rollout.multi_turn.enable=true",
             )
         )

@@ -460,7 +460,6 @@ class TrainerConfig(_Section):
         "MLflow artifacts under profiles/); empty = off.",
     )
     profile_dir: str = Field("profiles", description="Local folder for the traces (one per step, role and rank).")
-    log_every: int = Field(1, gt=0)
     logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
 
 

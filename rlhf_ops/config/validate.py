@@ -211,6 +211,24 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
+# ref.fsdp keys that are the trained roles' only: the reference (and the reward model, which borrows
+# ref.fsdp) has no optimizer, runs no backward, and shards on the actor's mesh (the reward model: all ranks).
+_REF_FSDP_NO_EFFECT = {
+    "optimizer_offload": "the reference has no optimizer",
+    "activation_checkpointing": "the reference runs no backward (nothing to recompute)",
+    "hsdp_replicate_size": "the reference shards on the actor's mesh (set actor.fsdp.hsdp_replicate_size)",
+    "fsdp_size": "the reference shards on the actor's mesh (set actor.fsdp.fsdp_size)",
+}
+
+
+def _check_ref_fsdp(fsdp: FSDPConfig, problems: list[ConfigProblem]) -> None:
+    """A ``ref.fsdp`` key that would be silently ignored is an error, not a no-op."""
+    defaults = FSDPConfig()
+    for key, why in _REF_FSDP_NO_EFFECT.items():
+        if getattr(fsdp, key) != getattr(defaults, key):
+            problems.append(ConfigProblem(f"ref.fsdp.{key}", f"has no effect: {why}", f"remove ref.fsdp.{key}"))
+
+
 def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list[ConfigProblem]) -> None:
     if fsdp.fsdp_size != -1:
         if fsdp.fsdp_size < 1 or world % fsdp.fsdp_size:
@@ -340,6 +358,7 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
         sections.append(("critic", run.critic.fsdp))
     for section, fsdp in sections:
         _check_fsdp_knobs(section, fsdp, run.world_size, problems)
+    _check_ref_fsdp(run.ref.fsdp, problems)
     if algo.policy_loss == "clip_cov" and algo.clip_cov_lb >= algo.clip_cov_ub:
         problems.append(
             ConfigProblem(
@@ -394,7 +413,14 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_vision_language(run, problems)
     _check_reward(run, problems)
     _check_surface(run, problems)
-    problems.extend(multi_turn_problems(run))
+    problems.extend(
+        multi_turn_problems(
+            run.rollout.multi_turn,
+            max_new_tokens=run.rollout.max_new_tokens,
+            apply_chat_template=run.data.apply_chat_template,
+            tensor_parallel_size=run.rollout.tensor_model_parallel_size,
+        )
+    )
     return problems
 
 

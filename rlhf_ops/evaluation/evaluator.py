@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhf_ops.evaluation.engines import EngineFactory, load_engine_factory
 from rlhf_ops.evaluation.metrics import ScoredResponse, default_ks, greedy_metrics, sample_metrics
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,12 @@ def _examples(rows: Sequence[ScoredResponse], dataset: Any) -> list[dict[str, An
 
 
 def evaluate_model(
-    model_dir: str | Path, data: EvalData, *, reward_fn: str | Any, settings: EvalSettings
+    model_dir: str | Path,
+    data: EvalData,
+    *,
+    reward_fn: str | Any,
+    settings: EvalSettings,
+    engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Generate on the first ``settings.max_prompts`` prompts of ``data`` with the model in ``model_dir``, score.
 
@@ -134,6 +140,8 @@ def evaluate_model(
         data: Validation files and tokenisation settings.
         reward_fn: A reward function or its config name (``reward.reward_fn``: built-in or dotted path).
         settings: Sampling and reporting settings.
+        engine_factory: Builds the rollout engine of ``settings.engine == "hf"`` on the loaded model; None:
+            the one registered as ``hf`` in the ``rlhf_ops.rollout_engines`` entry points (``HFRollout``).
 
     Returns:
         The report: ``{"version", "model_dir", "data_files", "settings", "metrics", "examples", "per_prompt",
@@ -144,11 +152,13 @@ def evaluate_model(
     from rlhf_ops.rewards import load_reward_fn
 
     score_fn = load_reward_fn(reward_fn) if isinstance(reward_fn, str) else reward_fn
+    factory: EngineFactory | None = None
     if settings.engine == "vllm":
         from transformers import AutoTokenizer
 
         model, tokenizer = None, AutoTokenizer.from_pretrained(str(model_dir))
     else:
+        factory = engine_factory or load_engine_factory("hf")
         model, tokenizer = load_policy(str(model_dir), dtype=settings.dtype)
     dataset = PromptDataset.from_sources(
         list(data.files),
@@ -175,7 +185,8 @@ def evaluate_model(
         }
         if settings.engine == "vllm":
             return generate_vllm(str(model_dir), tokenizer, dataset, indices, dtype=settings.dtype, **kw)
-        return generate(model, tokenizer, dataset, indices, batch_size=settings.batch_size, **kw)
+        assert factory is not None  # set with the HF model above
+        return generate(factory, model, tokenizer, dataset, indices, batch_size=settings.batch_size, **kw)
 
     greedy = _score_all(run(1, False), dataset, score_fn)
     metrics = greedy_metrics(greedy)

@@ -1,4 +1,7 @@
-"""Generation for evaluation: the HF rollout engine on an HF model folder, in this one process (no Ray).
+"""Generation for evaluation: a rollout engine on an HF model folder, in this one process (no Ray).
+
+The engine is injected (:mod:`rlhf_ops.evaluation.engines`): the caller passes the factory that builds
+it on the loaded model (the training's ``HFRollout``), so the library imports nothing from ``workers/``.
 
 Notation: B = prompts in a batch, n = samples per prompt, R = ``max_new_tokens``.
 """
@@ -12,6 +15,7 @@ from typing import Any
 import torch
 
 from rlhf_ops.data.dataset import PromptDataset
+from rlhf_ops.evaluation.engines import EngineFactory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +45,7 @@ def load_policy(model_dir: str, *, dtype: str = "float32", trust_remote_code: bo
 
 
 def generate(
+    engine_factory: EngineFactory,
     model: Any,
     tokenizer: Any,
     dataset: PromptDataset,
@@ -57,13 +62,13 @@ def generate(
 ) -> list[Generation]:
     """``n`` responses to each prompt at ``indices`` (greedy when ``do_sample`` is False).
 
+    ``engine_factory`` builds the rollout engine on ``model`` with these sampling settings (``HFRollout``).
+
     Returns:
         ``len(indices) * n`` generations, prompt-major (the n samples of a prompt are adjacent).
     """
-    from workers.rollout.hf_rollout import HFRollout
-
     device = next(model.parameters()).device
-    engine = HFRollout(
+    engine = engine_factory(
         model,
         pad_token_id=int(tokenizer.pad_token_id),
         eos_token_id=int(tokenizer.eos_token_id),

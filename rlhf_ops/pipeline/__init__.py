@@ -3,6 +3,6 @@
 ``layout`` (where a pipeline run keeps its files), ``params`` (the trigger form's values, validated, and the
 config overrides they imply), ``data`` (prepare_data), ``preflight``, ``tracking`` (start/end of the MLflow
 run), ``checkpoints`` (finding committed checkpoints and their eval reports), ``evaluate``, ``retention``
-(final sync, keep-last-K + best) and ``register``. ``local_stack`` starts the Ray head and MLflow server of
-the demo. Every module imports without torch at module level, so the DAG files and light tasks stay light.
+(final sync, keep-last-K + best) and ``register``. Every module imports without torch at module level, so
+the DAG files and light tasks stay light.
 """

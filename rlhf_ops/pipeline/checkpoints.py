@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.checkpoint.manifest import is_complete, list_steps, step_dir_name
 from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.storage.manifest import is_complete, list_steps, step_dir_name
 
 log = logging.getLogger(__name__)
 

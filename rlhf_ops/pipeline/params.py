@@ -1,7 +1,10 @@
 """The pipeline's run parameters (the Airflow trigger form) and the config overrides they imply.
 
-Airflow validates the form against the DAG's JSON-Schema ``Param``s (``dags/rlhf_pipeline/params.py``);
-:class:`PipelineParams` is the typed view the library works with (a second check for runs created by code).
+:class:`PipelineParams` is the one source of the form: its fields, in form order, carry the form's names,
+types, defaults, descriptions, constraints and sections, and :func:`form_param_specs` turns them into the
+JSON-Schema keywords of the DAG's ``Param``s (``dags/rlhf_pipeline/params.py`` only wraps them). So the
+form and the typed view the library works with (a second check for runs created by code) refuse the same
+values. Importable without torch: the DAG files import it at parse time.
 The resolved config is, in order of precedence (later wins)::
 
     preset  <  values of the form (model_path, algorithm, learning_rate…)  <  overrides (dotted strings)
@@ -15,56 +18,219 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from rlhf_ops.config.loader import list_presets
+from rlhf_ops.config.schema import AdvEstimator
 from rlhf_ops.pipeline.layout import RunLayout
-from rlhf_ops.pipeline.promotion import PromotionSpec
+from rlhf_ops.pipeline.promotion import PER_PROMPT_COLUMNS, PromotionSpec
 
 TRAIN_MODULE = "rlhf_ops.entrypoints.train"
 
+# The form's sections, in the order the UI shows them.
+MODEL, DATA, TRAIN, STORE, EVAL = "Model", "Data", "Training", "Storage and cluster", "Evaluation and registry"
+DataField = Literal["prompt", "ground_truth", "data_source", "extra_info"]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+Override = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*=.*$")]
+
+
+def _in(section: str, **form_only: Any) -> dict[str, Any]:
+    """``json_schema_extra`` of a field: its form section (and keywords the type cannot express)."""
+    return {"section": section, **form_only}
+
+
+# The promotion object as the form shows it (the nested model's own schema is a $ref the form cannot render).
+_PROMOTION_FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "metric": {"type": ["null", "string"], "enum": [None, *sorted(PER_PROMPT_COLUMNS)]},
+        "min_gain": {"type": "number", "minimum": 0, "maximum": 1},
+        "confidence": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 1},
+        "method": {"type": "string", "enum": ["bootstrap", "wald"]},
+        "resamples": {"type": "integer", "minimum": 1000, "maximum": 100000},
+        "seed": {"type": "integer"},
+    },
+    "additionalProperties": False,
+}
+
 
 class PipelineParams(BaseModel):
-    """One pipeline run's parameters; ``None`` keeps the preset's value."""
+    """One pipeline run's parameters; ``None`` keeps the preset's value. Field order is the form's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    preset: str = Field("tiny-cpu", min_length=1, description="Shipped preset name.")
-    model_path: str | None = Field(None, description="model.path: local HF folder or builtin:tiny-llama.")
-    dataset_url: str | None = Field(
-        None, description="Raw data (JSONL/Parquet/HF folder/builtin:<task>); None: preset's."
+    preset: str = Field(
+        "tiny-cpu", description="Shipped config preset.", json_schema_extra=_in(MODEL, enum=list_presets())
     )
-    val_dataset_url: str | None = Field(None, description="Separate validation rows; None: split off dataset_url.")
-    val_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Share of prompts hashed into validation.")
-    field_map: dict[str, str] = Field(default_factory=dict, description="Our column -> source column.")
-    max_rejected_fraction: float = Field(0.1, ge=0.0, le=1.0, description="prepare_data fails above this share.")
-    algorithm: str | None = Field(None, description="algorithm.adv_estimator.")
-    total_training_steps: int | None = Field(None, gt=0)
-    save_freq: int | None = Field(None, ge=0, description="Checkpoint (and evaluate) every N steps.")
-    learning_rate: float | None = Field(None, gt=0.0, description="actor.optim.lr.")
-    use_kl_loss: bool | None = Field(None, description="algorithm.use_kl_loss.")
-    kl_coef: float | None = Field(None, ge=0.0, description="KL weight: kl_loss_coef and kl_ctrl.kl_coef.")
-    rollout_n: int | None = Field(None, gt=0, description="rollout.n.")
-    remote_store_url: str | None = Field(None, description="trainer.remote_store_url (file://, s3://, hdfs://…).")
-    overrides: list[str] = Field(default_factory=list, description="Dotted overrides, e.g. rollout.temperature=0.7.")
-    ray_address: str | None = Field(None, description="Ray dashboard URL; None: the ray_default connection.")
-    work_dir: str | None = Field(None, description="Shared work folder; None: $RLHF_WORK_DIR.")
-    keep_last: int = Field(2, ge=0, description="Checkpoints kept after the run (plus the best); 0 keeps all.")
-    eval_n_samples: int = Field(4, ge=0, description="Sampled responses per prompt for pass@k (0: greedy only).")
-    eval_max_prompts: int = Field(128, gt=0, description="Validation prompts evaluated per checkpoint.")
-    eval_metric: str = Field("eval/reward/mean", min_length=1, description="Picks the best checkpoint.")
+    model_path: str | None = Field(
+        None,
+        min_length=1,
+        description="Local HF model folder on the shared path; empty: the preset's.",
+        json_schema_extra=_in(MODEL),
+    )
+    dataset_url: str | None = Field(
+        None,
+        min_length=1,
+        description="Raw data: JSONL / Parquet / HF datasets folder (any fsspec URL) or builtin:<toy task>; "
+        "empty: the preset's.",
+        json_schema_extra=_in(DATA),
+    )
+    val_dataset_url: str | None = Field(
+        None,
+        min_length=1,
+        description="Separate validation rows; empty: hash val_fraction of dataset_url.",
+        json_schema_extra=_in(DATA),
+    )
+    val_fraction: float = Field(
+        0.05, ge=0, lt=1, description="Share of prompts held out for validation.", json_schema_extra=_in(DATA)
+    )
+    field_map: dict[DataField, NonEmpty] = Field(
+        default_factory=dict,
+        description='Our column -> the source\'s column or dotted path, e.g. {"prompt": "question"}.',
+        json_schema_extra=_in(DATA),
+    )
+    max_rejected_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="prepare_data fails when a larger share of rows is rejected.",
+        json_schema_extra=_in(DATA),
+    )
+    algorithm: AdvEstimator | None = Field(
+        None, description="Advantage estimator; empty: the preset's.", json_schema_extra=_in(TRAIN)
+    )
+    total_training_steps: int | None = Field(
+        None, ge=1, description="Stop after this many steps; empty: the preset's.", json_schema_extra=_in(TRAIN)
+    )
+    save_freq: int | None = Field(
+        None,
+        ge=0,
+        description="Checkpoint (and evaluate) every N steps; empty: the preset's.",
+        json_schema_extra=_in(TRAIN),
+    )
+    learning_rate: float | None = Field(
+        None, gt=0, description="actor.optim.lr; empty: the preset's.", json_schema_extra=_in(TRAIN)
+    )
+    use_kl_loss: bool | None = Field(
+        None, description="KL(actor || ref) as a loss term; empty: the preset's.", json_schema_extra=_in(TRAIN)
+    )
+    kl_coef: float | None = Field(
+        None,
+        ge=0,
+        description="KL weight (loss coefficient and in-reward beta); empty: the preset's.",
+        json_schema_extra=_in(TRAIN),
+    )
+    rollout_n: int | None = Field(
+        None, ge=1, description="Samples per prompt; empty: the preset's.", json_schema_extra=_in(TRAIN)
+    )
+    overrides: list[Override] = Field(
+        default_factory=list,
+        description="Dotted config overrides, e.g. rollout.temperature=0.7 (rlhf config show).",
+        json_schema_extra=_in(TRAIN),
+    )
+    remote_store_url: str | None = Field(
+        None,
+        pattern="^(file|s3|hdfs|webhdfs)://.+",
+        description="Checkpoint store: file://, s3://, hdfs://, webhdfs://; empty: none.",
+        json_schema_extra=_in(STORE),
+    )
+    ray_address: str | None = Field(
+        None,
+        pattern="^https?://.+",
+        description="Ray dashboard URL (http://host:8265); empty: the ray_default connection.",
+        json_schema_extra=_in(STORE),
+    )
+    work_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="Shared folder for data, checkpoints and exports; empty: $RLHF_WORK_DIR.",
+        json_schema_extra=_in(STORE),
+    )
+    keep_last: int = Field(
+        2,
+        ge=0,
+        description="Checkpoints kept after the run besides the best; 0 keeps all.",
+        json_schema_extra=_in(STORE),
+    )
+    eval_n_samples: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Sampled responses per prompt for pass@k; 0: greedy only.",
+        json_schema_extra=_in(EVAL),
+    )
+    eval_max_prompts: int = Field(
+        128, ge=1, description="Validation prompts evaluated per checkpoint.", json_schema_extra=_in(EVAL)
+    )
+    eval_metric: str = Field(
+        "eval/reward/mean",
+        pattern="^eval/.+",
+        description="Eval metric (higher is better) that picks the best checkpoint.",
+        json_schema_extra=_in(EVAL),
+    )
     promotion: PromotionSpec = Field(
         default_factory=PromotionSpec,
-        description="Paired test a checkpoint must win (metric, min_gain, confidence, method).",
+        description="Paired test a checkpoint must win to replace an earlier one or the champion: "
+        '{"metric": "eval/acc", "min_gain": 0.0, "confidence": 0.95, "method": "bootstrap"}; '
+        "missing keys take these defaults.",
+        json_schema_extra=_in(EVAL, form_schema=_PROMOTION_FORM),
     )
-    registered_model_name: str | None = Field(None, description="MLflow registered model; None: <dag_id>-<preset>.")
-    warm_start: Literal["scratch", "champion"] = Field("scratch", description="Start from the champion model.")
-    mlflow_experiment: str | None = Field(None, description="tracking.experiment; None: the preset's.")
+    registered_model_name: str | None = Field(
+        None,
+        pattern="^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="MLflow registered model; empty: <dag_id>-<preset>.",
+        json_schema_extra=_in(EVAL),
+    )
+    warm_start: Literal["scratch", "champion"] = Field(
+        "scratch",
+        description="Start from the preset's model, or from the registered champion.",
+        json_schema_extra=_in(EVAL),
+    )
+    mlflow_experiment: str | None = Field(
+        None, min_length=1, description="MLflow experiment; empty: the preset's.", json_schema_extra=_in(EVAL)
+    )
+
+    @field_validator("preset")
+    @classmethod
+    def _shipped_preset(cls, value: str) -> str:
+        presets = list_presets()
+        if value not in presets:
+            raise ValueError(f"preset {value!r} is not a shipped preset; choose one of {presets}")
+        return value
 
     def registered_name(self, dag_id: str) -> str:
         """The registered model name of this pipeline."""
         return self.registered_model_name or f"{dag_id}-{self.preset}"
+
+
+def form_param_specs() -> dict[str, tuple[Any, str, str, dict[str, Any]]]:
+    """``{name: (default, section, description, JSON-Schema keywords)}`` of the trigger form, in form order.
+
+    Derived from :class:`PipelineParams`'s JSON Schema: ``X | None`` becomes ``{"type": ["null", X]}`` (an
+    enum gains ``None``), and the title pydantic adds is dropped (the form shows the parameter's name).
+    """
+    properties = PipelineParams.model_json_schema()["properties"]
+    specs: dict[str, tuple[Any, str, str, dict[str, Any]]] = {}
+    for name, field in PipelineParams.model_fields.items():
+        prop = dict(properties[name])
+        section, description = prop.pop("section"), prop.pop("description")
+        if "form_schema" in prop:  # a nested model: the form's own object schema replaces the $ref
+            form_schema = prop.pop("form_schema")
+            prop = {k: v for k, v in prop.items() if k not in ("$ref", "allOf")} | form_schema
+        for key in ("title", "default"):
+            prop.pop(key, None)
+        if "anyOf" in prop:
+            (kind,) = [option for option in prop.pop("anyOf") if option != {"type": "null"}]
+            prop = {**kind, **prop, "type": ["null", kind["type"]]}
+            if "enum" in prop:
+                prop["enum"] = [None, *prop["enum"]]
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):  # a nested model's defaults: the form starts empty
+            default = {}
+        specs[name] = (default, section, description, prop)
+    return specs
 
 
 def format_override(key: str, value: Any) -> str:

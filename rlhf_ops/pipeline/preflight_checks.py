@@ -413,7 +413,7 @@ def check_resume_checkpoint(mode: str, *, timeout_s: float = NETWORK_TIMEOUT_S) 
     """An explicit ``trainer.resume_mode`` names a committed checkpoint (its ``MANIFEST.json`` is there)."""
     if mode in ("auto", "disable"):
         return []
-    from rlhf_ops.checkpoint.manifest import is_complete
+    from rlhf_ops.storage.manifest import is_complete
 
     def complete() -> bool:
         if "://" in mode and not mode.startswith("file://"):

@@ -40,12 +40,16 @@ PER_PROMPT_COLUMNS: dict[str, str] = {
 }
 
 
+# The metrics a test can run on (the keys of PER_PROMPT_COLUMNS; a test keeps the two equal).
+PromotionMetric = Literal["eval/acc", "eval/mean_acc", "eval/reward/mean", "eval/sample/reward/mean"]
+
+
 class PromotionSpec(BaseModel):
     """``params.promotion``: how a checkpoint wins (against an earlier one, and against the champion)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metric: str | None = Field(
+    metric: PromotionMetric | None = Field(
         None, description=f"Per-prompt metric of the test, one of {sorted(PER_PROMPT_COLUMNS)}; empty: eval_metric."
     )
     min_gain: float = Field(0.0, ge=0.0, le=1.0, description="Margin: the interval's low end must exceed it.")

@@ -42,8 +42,8 @@ def sync_and_retain(
     Returns:
         ``{"best_step", "best_value", "synced_steps", "deleted_local", "deleted_remote"}``.
     """
-    from rlhf_ops.checkpoint.manifest import apply_retention
     from rlhf_ops.storage import apply_remote_retention, sync_run_dir
+    from rlhf_ops.storage.manifest import apply_retention
 
     local = Path(layout.local_run_dir)
     synced: list[int] = []

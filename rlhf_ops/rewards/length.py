@@ -13,10 +13,9 @@ cut off with the same score as a finished one. The length comes from ``extra_inf
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # registry imports this module
-    from rlhf_ops.rewards.registry import RewardFn
+from rlhf_ops.rewards.fn import RewardFn
 
 RESPONSE_LENGTH_KEY = "response_length"
 

@@ -16,36 +16,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
 from rlhf_ops.code_policy import check_code_allowed
 from rlhf_ops.rewards.default import default_compute_score, format_score
+from rlhf_ops.rewards.fn import RewardFn
 from rlhf_ops.rewards.gsm8k import gsm8k_flexible_score, gsm8k_score
 from rlhf_ops.rewards.length import OverlongPenalty
 from rlhf_ops.rewards.math_answer import math_score
 from rlhf_ops.rewards.multiple_choice import multiple_choice_score
 from rlhf_ops.rewards.toy import add_digits_score, color_name_score, copy_digit_score, toy_compute_score
-
-
-@runtime_checkable
-class RewardFn(Protocol):
-    """Scores one decoded response (verl's ``compute_score`` signature).
-
-    Args:
-        data_source: The row's ``data_source`` (lets one function serve several datasets).
-        solution_str: The decoded response, special tokens skipped.
-        ground_truth: The row's ``ground_truth``.
-        extra_info: The row's ``extra_info`` dict (``{}`` when the data has none) plus ``"response_length"``
-            (valid response tokens) from the trainer's reward stage; None when a caller has no row data.
-
-    Returns:
-        A float, or a dict with a ``"score"`` float and any other float metrics (e.g. ``"acc"``).
-    """
-
-    def __call__(
-        self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None
-    ) -> float | dict[str, Any]: ...
-
 
 BUILTIN_REWARD_FNS: dict[str, RewardFn] = {
     "default": default_compute_score,

@@ -19,7 +19,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from rlhf_ops.checkpoint.manifest import (
+from rlhf_ops.storage.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
     FileEntry,

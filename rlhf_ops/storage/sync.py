@@ -43,7 +43,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from rlhf_ops.checkpoint.manifest import (
+from rlhf_ops.storage.manifest import (
     MANIFEST_NAME,
     STEP_DIR_PREFIX,
     CorruptCheckpointError,
@@ -472,6 +472,6 @@ def apply_remote_retention(
     protect: Iterable[int] = frozenset(),
     storage_options: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """``rlhf_ops.checkpoint.manifest.apply_retention`` on a remote run folder; returns the deleted steps."""
+    """``rlhf_ops.storage.manifest.apply_retention`` on a remote run folder; returns the deleted steps."""
     fs, run_root = open_store(remote_run_url, storage_options=storage_options)
     return apply_retention(run_root, keep_last=keep_last, protect=protect, fs=fs)

@@ -24,6 +24,7 @@ from rlhf_ops.protocol import DataProto
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
+from rlhf_ops.trainer.generation import merge_generation
 from rlhf_ops.trainer.metrics import (
     compute_data_metrics,
     compute_reward_metrics_by_source,
@@ -32,7 +33,7 @@ from rlhf_ops.trainer.metrics import (
     log_profile_traces,
 )
 from rlhf_ops.trainer.reward import RewardStage
-from rlhf_ops.trainer.roles import ActorRolloutRef, Critic
+from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
 
@@ -51,20 +52,10 @@ class TrainerState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def merge_generation(prompts: DataProto, generated: DataProto, *, keys: list[str]) -> DataProto:
-    """The generated tensors (full sequences replace the prompt-only ones) with the prompts' columns."""
-    tensors = generated.select(batch_keys=keys).tensors
-    return DataProto.from_dict(
-        tensors={key: tensors[key] for key in keys},
-        non_tensors=dict(prompts.non_tensor_batch),
-        meta_info=dict(prompts.meta_info),
-    )
-
-
 def balance_tokens_across_ranks(batch: DataProto, *, dp_size: int) -> tuple[DataProto, float]:
     """Reorders rows so each data-parallel chunk holds about the same number of tokens (verl's
     ``_balance_batch``); returns the batch and max/min tokens per rank after balancing."""
-    from workers.utils.seqlen_balancing import balance_batch_across_dp
+    from rlhf_ops.seqlen_balancing import balance_batch_across_dp
 
     mask = batch.tensors["attention_mask"]
     if dp_size <= 1 or len(batch) % dp_size:
@@ -105,8 +96,8 @@ class PPOTrainer:
         train_loader: PromptLoader,
         val_loader: PromptLoader | None,
         logger: MetricLogger,
-        tokenizer: Any,
-        checkpointer: Any | None = None,
+        tokenizer: Tokenizer,
+        checkpointer: Checkpointer | None = None,
         eos_token_ids: Sequence[int] | None = None,
     ) -> None:
         self.config, self.plan = config, plan

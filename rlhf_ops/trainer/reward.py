@@ -12,7 +12,7 @@ import torch
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.rewards import RewardFn, compute_token_level_scores
 from rlhf_ops.rewards.length import RESPONSE_LENGTH_KEY
-from rlhf_ops.trainer.roles import RewardModel
+from rlhf_ops.trainer.roles import RewardModel, Tokenizer
 
 
 def row_extra_infos(data: DataProto) -> list[dict[str, Any]]:
@@ -27,7 +27,7 @@ def row_extra_infos(data: DataProto) -> list[dict[str, Any]]:
     return [{**(info or {}), RESPONSE_LENGTH_KEY: int(n)} for info, n in zip(rows, lengths, strict=True)]
 
 
-def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
+def decode_responses(data: DataProto, tokenizer: Tokenizer) -> list[str]:
     """Each row's response up to its last attended token as text (special tokens skipped).
 
     The attended span is the response part of ``attention_mask``: model tokens and, in a multi-turn
@@ -48,7 +48,7 @@ def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
 class RewardStage:
     """Writes ``token_level_scores`` (B, R); returns per-row extras (for metrics) keyed by name."""
 
-    def __init__(self, *, tokenizer: Any, reward_fn: RewardFn | None, reward_model: RewardModel | None) -> None:
+    def __init__(self, *, tokenizer: Tokenizer, reward_fn: RewardFn | None, reward_model: RewardModel | None) -> None:
         if reward_fn is None and reward_model is None:
             raise ValueError("reward: set reward.reward_fn and/or reward.model_path")
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model

@@ -6,7 +6,7 @@ never sees Ray, ranks or dispatch modes.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlhf_ops.protocol import DataProto
 
@@ -54,4 +54,38 @@ class RewardModel(Protocol):
 
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): the score at the last valid response token."""
+        ...
+
+
+class Tokenizer(Protocol):
+    """The tokenizer parts the controller uses (a Hugging Face tokenizer whose pad token is set)."""
+
+    @property
+    def pad_token_id(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int: ...
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
+
+
+class Resumable(Protocol):
+    """What a checkpointer saves and restores of the controller (step, loader position, RNG, KL state)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Checkpointer(Protocol):
+    """Saves, resumes and finishes the run's checkpoints (``rlhf_ops.checkpoint.manager.CheckpointManager``)."""
+
+    def maybe_resume(self, trainer: Resumable) -> int | None:
+        """Restores the newest complete checkpoint into ``trainer``; its step, or None when starting fresh."""
+        ...
+
+    def save(self, trainer: Resumable) -> object: ...
+
+    def finish(self) -> None:
+        """Waits for uploads and applies retention."""
         ...

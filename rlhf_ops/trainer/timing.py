@@ -26,6 +26,3 @@ class StageTimer:
 
     def metrics(self) -> dict[str, float]:
         return {f"timing_s/{name}": s for name, s in self._seconds.items()}
-
-    def reset(self) -> None:
-        self._seconds.clear()

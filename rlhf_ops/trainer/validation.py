@@ -4,7 +4,6 @@ report reward (and accuracy where the reward function returns ``acc``) per data 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -12,9 +11,10 @@ import torch
 from rlhf_ops.config.schema import SamplingConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.trainer.generation import merge_generation
 from rlhf_ops.trainer.metrics import compute_reward_metrics_by_source
 from rlhf_ops.trainer.reward import RewardStage, decode_responses
-from rlhf_ops.trainer.roles import ActorRolloutRef
+from rlhf_ops.trainer.roles import ActorRolloutRef, Tokenizer
 
 _KEYS = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
 
@@ -26,12 +26,10 @@ def generate_and_score(
     reward: RewardStage,
     sampling: SamplingConfig,
     response_length: int,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     eos_token_ids: Sequence[int] | None = None,
 ) -> tuple[DataProto, dict[str, list[float]], list[str]]:
     """Every validation prompt, ``sampling.n`` times; returns the scored batch, reward extras and texts."""
-    from rlhf_ops.trainer.ppo_trainer import merge_generation
-
     parts: list[DataProto] = []
     extras: dict[str, list[float]] = {}
     texts: list[str] = []
@@ -65,7 +63,7 @@ def validate(
     reward: RewardStage,
     sampling: SamplingConfig,
     response_length: int,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     eos_token_ids: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """``val/<source>/reward/mean`` (+ extras such as ``acc``), ``val/response_length/mean``."""

@@ -35,6 +35,7 @@ from urllib.parse import quote, unquote
 
 import pytest
 
+from rlhf_ops.entrypoints.local_stack import start_ray_head
 from tests.support.airflow_services import (
     AirflowServices,
     airflow_services,
@@ -42,7 +43,6 @@ from tests.support.airflow_services import (
     postgres_unavailable_reason,
 )
 from tests.support.mlflow_server import mlflow_server
-from tests.support.ray_cluster import start_ray_head
 
 if TYPE_CHECKING:
     from playwright.sync_api import FloatRect, Page
@@ -138,7 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             services.callback(head.stop)
             db = services.enter_context(postgres_database())
             env = _task_env(
-                ray_dashboard=head.dashboard_url,
+                ray_dashboard=head.url,
                 ray_token=ray_token,
                 tracking_uri=tracking_uri,
                 work_dir=root / "work",

@@ -24,9 +24,9 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
+from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
 from tests.support.mlflow_server import mlflow_server  # noqa: E402
 from tests.support.moto_server import REGION, running_moto_server  # noqa: E402
-from tests.support.ray_cluster import start_ray_head  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -48,7 +48,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     with running_moto_server() as moto, mlflow_server(root=tmp_path_factory.mktemp("mlflow")) as tracking_uri:
         moto.create_bucket(BUCKET)
         head = start_ray_head(tmp_path_factory.mktemp("ray"), auth_token=token, num_cpus=2)
-        port = int(head.dashboard_url.rsplit(":", 1)[1])
+        port = int(head.url.rsplit(":", 1)[1])
         os.environ.update(
             {
                 "AIRFLOW_CONN_RAY_DEFAULT": json.dumps(
@@ -66,7 +66,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             }
         )
         try:
-            yield {"tracking_uri": tracking_uri, "dashboard": head.dashboard_url, "s3": moto.client()}
+            yield {"tracking_uri": tracking_uri, "dashboard": head.url, "s3": moto.client()}
         finally:
             head.stop()
             os.environ.clear()

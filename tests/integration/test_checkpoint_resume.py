@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from rlhf_ops.checkpoint.manager import CheckpointManager, CorruptCheckpointError
-from rlhf_ops.checkpoint.manifest import read_latest, read_manifest
 from rlhf_ops.config import dump_config, load_config
+from rlhf_ops.storage.manifest import read_latest, read_manifest
 from tests.support.moto_server import MotoServer, running_moto_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]

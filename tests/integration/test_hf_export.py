@@ -16,23 +16,23 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf_ops.checkpoint.export import EXPORT_INFO_FILE, export_hf_model
-from rlhf_ops.checkpoint.manager import CheckpointManager
-from rlhf_ops.checkpoint.manifest import read_manifest, update_latest, verify_checkpoint, write_manifest
-from rlhf_ops.cli import main as rlhf_main
-from rlhf_ops.config import dump_config, load_config
-from rlhf_ops.padding import compute_position_ids
-from rlhf_ops.protocol import DataProto
-from tests.support.moto_server import free_port
-from tests.support.training import start_actor_group
-from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
-from workers.checkpointing import (
+from rlhf_ops.checkpoint.dcp_reader import (
     LORA_SCALING_FILE,
     SafeFileSystemReader,
     SafeLoadPlanner,
     read_model_state_dict,
-    save_role_checkpoint,
 )
+from rlhf_ops.checkpoint.export import EXPORT_INFO_FILE, export_hf_model
+from rlhf_ops.checkpoint.manager import CheckpointManager
+from rlhf_ops.cli import main as rlhf_main
+from rlhf_ops.config import dump_config, load_config
+from rlhf_ops.padding import compute_position_ids
+from rlhf_ops.protocol import DataProto
+from rlhf_ops.storage.manifest import read_manifest, update_latest, verify_checkpoint, write_manifest
+from tests.support.moto_server import free_port
+from tests.support.training import start_actor_group
+from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
+from workers.checkpointing import save_role_checkpoint
 from workers.clients import ActorRolloutRefClient
 from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker_group import RayWorkerGroup

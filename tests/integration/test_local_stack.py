@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlhf_ops.pipeline.local_stack import start_mlflow_server, start_ray_head
+from rlhf_ops.entrypoints.local_stack import start_mlflow_server, start_ray_head
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -70,3 +70,20 @@ def test_ray_head_runs_a_job_with_this_interpreter_and_stops(tmp_path: Path) -> 
         head.stop()
     assert not _alive(head.pid)
     assert not _ours("rayd_")  # no daemon of this head survives (others' clusters are untouched)
+
+
+def test_ray_head_with_a_token_refuses_requests_without_it(tmp_path: Path) -> None:
+    import urllib.error
+
+    token = "local-stack-test-token"
+    head = start_ray_head(tmp_path, num_cpus=1, auth_token=token)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{head.url}/api/jobs/", timeout=10)
+        assert refused.value.code in (401, 403)
+        request = urllib.request.Request(f"{head.url}/api/jobs/", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200 and json.loads(resp.read()) == []
+    finally:
+        head.stop()
+    assert not _alive(head.pid)

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 from rlhf_airflow.hooks import RayJobHook  # noqa: E402
 from rlhf_airflow.operators import RayJobOperator, derive_submission_id  # noqa: E402
 from rlhf_airflow.triggers import RayJobTrigger  # noqa: E402
-from tests.support.ray_cluster import start_ray_head  # noqa: E402
+from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 CONN_ID = "ray_it"
@@ -33,7 +33,8 @@ CONN_ID = "ray_it"
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private Ray head; the ``ray_it`` connection points at it. Yields the dashboard URL."""
     token = secrets.token_hex(16)
-    _, dashboard_url, stop = start_ray_head(tmp_path_factory.mktemp("ray_head"), auth_token=token)
+    head = start_ray_head(tmp_path_factory.mktemp("ray_head"), auth_token=token, num_cpus=1)
+    dashboard_url, stop = head.url, head.stop
     port = int(dashboard_url.rsplit(":", 1)[1])
     env_key = f"AIRFLOW_CONN_{CONN_ID.upper()}"
     os.environ[env_key] = json.dumps({"conn_type": "ray", "host": "127.0.0.1", "port": port, "password": token})

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from rlhf_ops.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify_checkpoint, write_manifest
 from rlhf_ops.storage import (
     BackgroundSyncer,
     CorruptCheckpointError,
@@ -28,6 +27,7 @@ from rlhf_ops.storage import (
     find_latest_remote,
     sync_checkpoint,
 )
+from rlhf_ops.storage.manifest import MANIFEST_NAME, read_manifest, verify_checkpoint, write_manifest
 from tests.support.fault_proxy import FaultProxy
 from tests.support.moto_server import MotoServer, running_moto_server
 

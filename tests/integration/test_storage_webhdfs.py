@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_ops.checkpoint.manifest import MANIFEST_NAME, read_manifest, verify_checkpoint, write_manifest
 from rlhf_ops.storage import (
     CorruptCheckpointError,
     SyncError,
@@ -23,6 +22,7 @@ from rlhf_ops.storage import (
     sync_checkpoint,
     sync_run_dir,
 )
+from rlhf_ops.storage.manifest import MANIFEST_NAME, read_manifest, verify_checkpoint, write_manifest
 from tests.support.webhdfs_server import WebHDFSServer
 
 pytestmark = pytest.mark.integration

@@ -66,7 +66,7 @@ class _RankWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def whoami(self) -> int:
         return self.rank
 
@@ -151,9 +151,9 @@ class TestColocatedGroups:
         out = groups["critic"].call(_RankWorker.add_rank, _batch(5))
         assert out.batch["y"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
-    def test_rank_zero_and_async_calls_across_groups(self, groups: Groups) -> None:
+    def test_sync_and_async_calls_across_groups(self, groups: Groups) -> None:
         actor, critic = groups["actor_rollout_ref"], groups["critic"]
-        assert actor.call("whoami") == 0
+        assert actor.call("whoami") == [0, 1]
         future = actor.call(_RankWorker.slow_rank, 0.2)  # registered blocking=False -> a future
         other = critic.call_async(_RankWorker.all_reduce_rank, 1.0)  # (1 + 10) + (2 + 10) = 23
         assert wait_all([future, other], timeout_s=60) == [[0, 1], [23.0, 23.0]]
@@ -164,7 +164,7 @@ class TestColocatedGroups:
         with pytest.raises(AttributeError, match=r"not_registered is not decorated with @register.*\[critic\]"):
             critic.call("not_registered")
         assert not critic.closed  # nothing was sent: the group is still usable
-        assert critic.call(_RankWorker.whoami) == 0
+        assert critic.call(_RankWorker.whoami) == [0, 1]
 
 
 def _free_cpus() -> float:

@@ -22,6 +22,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
+from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
 from tests.e2e.test_pipeline_dag import BUCKET, pipeline_run  # noqa: E402,F401  (the harness's run fixture)
 from tests.reliability.conftest import Figures  # noqa: E402
 from tests.reliability.test_secrets import (  # noqa: E402
@@ -33,7 +34,6 @@ from tests.reliability.test_secrets import (  # noqa: E402
 )
 from tests.support.mlflow_server import mlflow_server  # noqa: E402
 from tests.support.moto_server import REGION, running_moto_server  # noqa: E402
-from tests.support.ray_cluster import start_ray_head  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -59,7 +59,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     with running_moto_server() as moto, mlflow_server(root=mlflow_root) as tracking_uri:
         moto.create_bucket(BUCKET)
         head = start_ray_head(tmp_path_factory.mktemp("ray"), auth_token=RAY_TOKEN, num_cpus=2)
-        port = int(head.dashboard_url.rsplit(":", 1)[1])
+        port = int(head.url.rsplit(":", 1)[1])
         os.environ.update(
             {
                 "AIRFLOW_CONN_RAY_DEFAULT": json.dumps(
@@ -82,7 +82,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         try:
             yield {
                 "tracking_uri": tracking_uri,
-                "dashboard": head.dashboard_url,
+                "dashboard": head.url,
                 "s3": moto.client(),
                 "mlflow_root": mlflow_root,
                 "ray_dirs": ray_dirs,

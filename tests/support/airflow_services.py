@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 import requests
 
-from tests.support.ray_cluster import free_ports
+from rlhf_ops.entrypoints.local_stack import free_ports
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 _HEALTH_PARTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")  # GET /api/v2/monitor/health

@@ -16,7 +16,6 @@ from rlhf_ops.padding import (
     compute_position_ids,
     get_response_mask,
     pad_sequences_left,
-    pad_sequences_right,
 )
 from rlhf_ops.protocol import DataProto, DataProtoItem
 
@@ -98,12 +97,6 @@ def test_meta_unknown_key_and_wrong_type():
         DataProto.from_dict({"a": torch.zeros(2)}, meta_info={"micro_batch_size": True})  # bool is not an int here
     ok = {"temperature": 1, "eos_token_id": [2, 3], "global_token_num": [np.int64(4)], "metrics": {}}
     assert DataProto.from_dict({"a": torch.zeros(2)}, meta_info=ok).meta_info["eos_token_id"] == [2, 3]
-
-
-def test_from_single_dict_sorts_by_type():
-    data = DataProto.from_single_dict({"a": torch.ones(2, 3), "uid": np.array([1, 2])}, meta_info={"global_steps": 3})
-    assert data.batch is not None and list(data.batch.keys()) == ["a"]
-    assert data.non_tensor_batch["uid"].dtype == object and data.meta_info == {"global_steps": 3}
 
 
 def test_len_without_tensors_and_empty():
@@ -363,12 +356,12 @@ def test_pickle_detaches_tensors_that_require_grad():
 
 
 # ----------------------------------------------------------------------------------------- padding
-def test_pad_sequences_left_and_right():
+def test_pad_sequences_left():
     seqs = [[1, 2, 3], [4], []]
     assert pad_sequences_left(seqs, pad_value=0).tolist() == [[1, 2, 3], [0, 0, 4], [0, 0, 0]]
-    assert pad_sequences_right(seqs, pad_value=9, max_length=4).tolist() == [[1, 2, 3, 9], [4, 9, 9, 9], [9] * 4]
-    floats = pad_sequences_right([torch.tensor([0.5]), torch.tensor([1.5, 2.5])], pad_value=0.0)
-    assert floats.dtype == torch.float32 and floats.tolist() == [[0.5, 0.0], [1.5, 2.5]]
+    assert pad_sequences_left(seqs, pad_value=9, max_length=4).tolist() == [[9, 1, 2, 3], [9, 9, 9, 4], [9] * 4]
+    floats = pad_sequences_left([torch.tensor([0.5]), torch.tensor([1.5, 2.5])], pad_value=0.0)
+    assert floats.dtype == torch.float32 and floats.tolist() == [[0.0, 0.5], [1.5, 2.5]]
     with pytest.raises(ValueError, match="max_length=2 but the longest sequence has 3 tokens"):
         pad_sequences_left(seqs, pad_value=0, max_length=2)
 

@@ -38,7 +38,7 @@ from transformers import PreTrainedModel
 
 from rlhf_ops.config.schema import LoraConfig
 
-__all__ = ["adapters_disabled", "apply_lora", "is_lora_model", "merged_state_dict_items"]
+__all__ = ["adapters_disabled", "apply_lora", "merged_state_dict_items"]
 
 PEFT_PREFIX = "base_model.model."
 _LORA_FACTOR = re.compile(r"\.lora_(A|B)\.[^.]+\.weight$")
@@ -87,11 +87,6 @@ def apply_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
         ) from err
     assert isinstance(peft_model, PeftModel)
     return peft_model
-
-
-def is_lora_model(module: nn.Module) -> bool:
-    """Whether ``module`` (FSDP-wrapped or not) is a PEFT model with LoRA layers."""
-    return isinstance(module, PeftModel) and any(isinstance(m, LoraLayer) for m in module.modules())
 
 
 @contextmanager

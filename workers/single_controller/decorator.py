@@ -13,8 +13,6 @@ Dispatch modes:
   size and split into one chunk per data-parallel rank (ranks of one sequence-parallel group share a
   chunk); other arguments are sent unchanged. Each data-parallel group's result (a ``DataProto``)
   is gathered back in order and the padding removed.
-- ``RANK_ZERO``: the call runs on rank 0 only; its return value is the result. Only for methods that
-  use no collective (the other ranks are not called).
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ class Dispatch(enum.Enum):
 
     ONE_TO_ALL = "one_to_all"
     DP_COMPUTE_PROTO = "dp_compute_proto"
-    RANK_ZERO = "rank_zero"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +134,7 @@ def resolve_method(
         raise AttributeError(
             f"{worker_cls.__qualname__}.{name} {what}, so the [{role}] worker group cannot call it. "
             f"Registered methods: {sorted(registered)}. Decorate it with "
-            "@register(dispatch_mode=Dispatch.ONE_TO_ALL) (or DP_COMPUTE_PROTO / RANK_ZERO)."
+            "@register(dispatch_mode=Dispatch.ONE_TO_ALL) (or DP_COMPUTE_PROTO)."
         )
     # A same-named method of another worker class must not silently run here; an overridden base
     # method (Worker.dp_info on a subclass that overrides it) is the same call, so it is accepted.

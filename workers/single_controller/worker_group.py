@@ -121,7 +121,7 @@ class RayWorkerGroup(Generic[W]):
 
         Returns:
             ``ONE_TO_ALL``: list of every rank's return value, by rank. ``DP_COMPUTE_PROTO``: the
-            gathered ``DataProto`` (row order of the input). ``RANK_ZERO``: rank 0's return value.
+            gathered ``DataProto`` (row order of the input).
             For a method registered with ``blocking=False``: a :class:`GroupFuture` of that value.
 
         Raises:
@@ -147,8 +147,6 @@ class RayWorkerGroup(Generic[W]):
             put_args, put_kwargs = _put_data(args, kwargs)  # one copy of a batch for all ranks
             refs = [getattr(a, name).remote(*put_args, **put_kwargs) for a in self._actors]
             return self._future(name, list(range(self.world_size)), refs, lambda values: values)
-        if spec.mode is Dispatch.RANK_ZERO:
-            return self._future(name, [0], [getattr(self._actors[0], name).remote(*args, **kwargs)], lambda v: v[0])
         layout = self.dp_layout()
         per_dp, pad_size = split_args_for_dp(args, kwargs, dp_size=layout.dp_size)
         # One object-store copy per chunk, shared by the ranks of an SP group (top-level refs are resolved).

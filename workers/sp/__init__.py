@@ -5,7 +5,6 @@ from __future__ import annotations
 from workers.sp.ulysses import (
     ATTENTION_PREFIX,
     SPShard,
-    active_sp_group,
     all_to_all,
     broadcast_from_group_leader,
     enable_ulysses_attention,
@@ -21,7 +20,6 @@ from workers.sp.ulysses import (
 __all__ = [
     "ATTENTION_PREFIX",
     "SPShard",
-    "active_sp_group",
     "all_to_all",
     "broadcast_from_group_leader",
     "enable_ulysses_attention",

@@ -43,7 +43,6 @@ from rlhf_ops.protocol import DataProto
 __all__ = [
     "ATTENTION_PREFIX",
     "SPShard",
-    "active_sp_group",
     "all_to_all",
     "broadcast_from_group_leader",
     "enable_ulysses_attention",
@@ -246,11 +245,6 @@ def ulysses_sequence_parallel(group: dist.ProcessGroup | None) -> Iterator[None]
         yield
     finally:
         _ACTIVE["group"] = previous
-
-
-def active_sp_group() -> dist.ProcessGroup | None:
-    """The group of the enclosing :func:`ulysses_sequence_parallel` block, or None."""
-    return _ACTIVE["group"]
 
 
 class _OneQueryHeadPerKV:

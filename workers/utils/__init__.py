@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlhf_ops.seqlen_balancing import balance_batch_across_dp, karmarkar_karp, partition_sums
 from workers.utils.dist import MetricAccumulator, all_reduce, dp_world_size, global_counts
 from workers.utils.micro_batch import (
     make_micro_batches,
@@ -11,7 +12,6 @@ from workers.utils.micro_batch import (
     split_mini_batches,
 )
 from workers.utils.remove_padding import PackedBatch, pack_sequences, scatter_response
-from workers.utils.seqlen_balancing import balance_batch_across_dp, karmarkar_karp, partition_sums
 
 __all__ = [
     "MetricAccumulator",

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.seqlen_balancing import karmarkar_karp, partition_sums
 from workers.utils.dist import all_reduce
-from workers.utils.seqlen_balancing import karmarkar_karp, partition_sums
 
 __all__ = ["make_micro_batches", "rearrange_micro_batches", "restore_order", "split_fixed", "split_mini_batches"]
 

@@ -152,24 +152,13 @@ def peak_flops(device: torch.device, *, dtype: torch.dtype = torch.float32) -> f
     return measured_cpu_peak_flops(dtype=dtype, num_threads=torch.get_num_threads())
 
 
-def num_parameters(module: nn.Module) -> int:
-    """Parameters of the full (unsharded) model: a DTensor's ``numel`` is its global size."""
-    return sum(p.numel() for p in module.parameters())
-
-
 def mfu(*, flops: float, seconds: float, device: torch.device) -> float:
     """Model FLOPs utilisation of ``flops`` done by one rank in ``seconds``."""
     return flops / max(seconds, 1e-9) / peak_flops(device)
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    """Starts a new peak-memory window (CUDA: the allocator's peak; CPU: nothing to reset, see below)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def memory_metrics(device: torch.device, *, prefix: str) -> dict[str, float]:
-    """Peak memory since the last :func:`reset_peak_memory` in GiB.
+    """Peak memory in GiB (since the process started, or since the profiler last reset the CUDA peak).
 
     CUDA: ``max_memory_allocated`` / ``max_memory_reserved`` of the caching allocator. CPU: torch has no host
     allocator statistics, so this reports the process's resident set size now (``cpu_rss_gb``) and its

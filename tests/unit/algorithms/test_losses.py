@@ -13,7 +13,6 @@ from rlhf_ops.algorithms import (
     LOSS_AGG_MODES,
     POLICY_LOSSES,
     agg_loss,
-    compute_entropy_loss,
     compute_policy_loss,
     compute_policy_loss_gspo,
     compute_value_loss,
@@ -199,12 +198,6 @@ def test_value_loss_clipping():
     # token 1: 0.5 * 2 * (1 - 0) / 2 tokens = 0.5 ; token 2's winning term is clipped: no gradient
     assert vpreds.grad is not None
     torch.testing.assert_close(vpreds.grad, torch.tensor([[0.5, 0.0, 0.0]]))
-
-
-def test_entropy_loss_is_agg_loss_of_entropy():
-    # seq-mean-token-mean of rows [1, 2] and [4]: (1.5 + 4) / 2
-    out = compute_entropy_loss(LOSS, MASK, loss_agg_mode="seq-mean-token-mean")
-    torch.testing.assert_close(out, torch.tensor(2.75))
 
 
 # ---------------------------------------------------------------- micro-batch invariance

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_ops.checkpoint.manifest import update_latest, write_manifest
 from rlhf_ops.pipeline.checkpoints import best_step, collect_eval_reports, find_checkpoint, write_eval_report
 from rlhf_ops.pipeline.evaluate import CheckpointNeverCommitted, checkpoint_ready
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.retention import sync_and_retain
+from rlhf_ops.storage.manifest import update_latest, write_manifest
 
 
 def _layout(tmp_path: Path, *, remote: bool = True) -> RunLayout:

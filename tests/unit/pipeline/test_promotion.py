@@ -113,8 +113,8 @@ def test_different_eval_sets_are_refused() -> None:
 
 
 def test_metric_without_per_prompt_scores_names_the_field() -> None:
-    with pytest.raises(ValueError, match=r"promotion.metric='eval/pass_at_4' has no per-prompt scores.*Fix: set"):
-        PromotionSpec(metric="eval/pass_at_4").metric_name("eval/acc")
+    with pytest.raises(ValueError, match=r"metric\n  Input should be 'eval/acc', 'eval/mean_acc'"):
+        PromotionSpec(metric="eval/pass_at_4")  # type: ignore[arg-type]  # refused as the form refuses it
     with pytest.raises(ValueError, match=r"^eval_metric='eval/x' has no per-prompt"):
         PromotionSpec().metric_name("eval/x")
     assert PromotionSpec().metric_name("eval/acc") == "eval/acc"
@@ -124,3 +124,11 @@ def test_old_report_without_per_prompt_rows_is_refused() -> None:
     old = {"metrics": {"eval/acc": 0.5}, "checkpoint": "/ckpt/global_step_2"}
     with pytest.raises(ValueError, match=r"/ckpt/global_step_2 has no per-prompt 'correct' scores"):
         compare(report(right(1)), old, WALD, metric="eval/acc", names=("a", "b"))
+
+
+def test_promotion_metric_names_are_the_per_prompt_columns() -> None:
+    from typing import get_args
+
+    from rlhf_ops.pipeline.promotion import PER_PROMPT_COLUMNS, PromotionMetric
+
+    assert sorted(get_args(PromotionMetric)) == sorted(PER_PROMPT_COLUMNS)

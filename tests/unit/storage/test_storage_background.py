@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_ops.checkpoint.manifest import list_steps, read_latest, verify_checkpoint, write_manifest
 from rlhf_ops.storage import BackgroundSyncer, SyncError
+from rlhf_ops.storage.manifest import list_steps, read_latest, verify_checkpoint, write_manifest
 
 
 def make_ckpt(run_dir: Path, step: int, *, commit: bool = True) -> Path:

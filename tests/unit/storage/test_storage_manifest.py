@@ -1,4 +1,4 @@
-"""rlhf_ops.checkpoint.manifest on local disk: manifest, verification, ``latest``, resume scan, retention."""
+"""rlhf_ops.storage.manifest on local disk: manifest, verification, ``latest``, resume scan, retention."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rlhf_ops.checkpoint.manifest import (
+from rlhf_ops.storage.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
     FileEntry,

@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_ops.checkpoint.manifest import (
-    MANIFEST_NAME,
-    CorruptCheckpointError,
-    list_steps,
-    read_latest,
-    verify_checkpoint,
-    write_manifest,
-)
 from rlhf_ops.storage import (
     apply_remote_retention,
     download_checkpoint,
     find_latest_remote,
     sync_checkpoint,
     sync_run_dir,
+)
+from rlhf_ops.storage.manifest import (
+    MANIFEST_NAME,
+    CorruptCheckpointError,
+    list_steps,
+    read_latest,
+    verify_checkpoint,
+    write_manifest,
 )
 
 FILES = {"model/shard_0.distcp": b"w" * 3000, "optim/shard_0.distcp": b"o" * 1000, "trainer_state.json": b"{}"}

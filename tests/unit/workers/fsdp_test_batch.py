@@ -66,7 +66,6 @@ def make_plan(
         mini_batch_size=mini_per_rank * dp_size,
         mini_batch_size_per_rank=mini_per_rank,
         micro_batch_size_per_rank=micro_per_rank,
-        grad_accum_steps=mini_per_rank // micro_per_rank,
         num_mini_batches=num_mini_batches,
         ppo_epochs=ppo_epochs,
         use_dynamic_bsz=dynamic,

@@ -1,8 +1,10 @@
-"""The demo's local services: a Ray head with its job server and an MLflow server, stopped by PID.
+"""The local services of the demo and the tests: a Ray head with its job server and an MLflow server,
+stopped by PID. Part of the composition root (``rlhf_ops.entrypoints``); the tests reuse it.
 
 Both bind 127.0.0.1 on free ports and run in their own session (``setsid``), so stopping them signals only
 their process groups: ``ray stop`` would kill every Ray cluster of the user on a shared machine. Ray 2.60
-turns token auth on by default for ``ray start``; the demo's loopback head starts with ``RAY_AUTH_MODE=disabled``.
+turns token auth on by default for ``ray start``; the demo's loopback head starts with ``RAY_AUTH_MODE=disabled``
+(``auth_token=...``: ``RAY_AUTH_MODE=token`` with that token; clients send ``Authorization: Bearer <token>``).
 The Ray head gets this interpreter's ``bin/`` first on ``PATH``, so job entrypoints (``python -m …``) run
 in the same virtualenv. PostgreSQL (``--postgres``): :func:`ensure_postgres_databases` creates the demo's
 databases when they are missing (trust auth on 127.0.0.1:5432, ``psycopg2``).
@@ -107,22 +109,34 @@ def _session_pids(sid: int, marker: str) -> list[int]:
 
 
 def _wait_http(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float, *, want_list: bool = False
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout_s: float,
+    *,
+    want_list: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(url, headers=headers or {})
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(request, timeout=5) as resp:
                 if resp.status == 200 and (not want_list or isinstance(json.loads(resp.read() or b"[]"), list)):
                     return
         time.sleep(0.5)
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s:\n{log.read_text()[-3000:]}")
 
 
-def start_ray_head(log_dir: Path, *, num_cpus: int = 2, timeout_s: float = 180.0) -> Service:
-    """A private Ray head (dashboard + job server on 127.0.0.1, auth off); ``url`` is the dashboard URL."""
+def start_ray_head(
+    log_dir: Path, *, num_cpus: int = 2, timeout_s: float = 180.0, auth_token: str | None = None
+) -> Service:
+    """A private Ray head (dashboard + job server on 127.0.0.1); ``url`` is the dashboard URL.
+
+    ``auth_token``: require this bearer token on the dashboard and job API (None: auth off).
+    """
     ports = dict(zip(_RAY_PORT_FLAGS, free_ports(len(_RAY_PORT_FLAGS)), strict=True))
     temp_dir = tempfile.mkdtemp(prefix="rayd_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     ray_cli = Path(sys.executable).with_name("ray")
@@ -133,12 +147,14 @@ def start_ray_head(log_dir: Path, *, num_cpus: int = 2, timeout_s: float = 180.0
         {
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-            "RAY_AUTH_MODE": "disabled",
+            "RAY_AUTH_MODE": "token" if auth_token else "disabled",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         }
     )
     for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         env.pop(name, None)
+    if auth_token:
+        env["RAY_AUTH_TOKEN"] = auth_token
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "ray_head.log"
     with log.open("wb") as out:
@@ -150,7 +166,8 @@ def start_ray_head(log_dir: Path, *, num_cpus: int = 2, timeout_s: float = 180.0
         shutil.rmtree(temp_dir, ignore_errors=True)
 
     try:
-        _wait_http(f"{url}/api/jobs/", proc, log, timeout_s, want_list=True)
+        headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else None
+        _wait_http(f"{url}/api/jobs/", proc, log, timeout_s, want_list=True, headers=headers)
     except BaseException:
         stop()
         raise

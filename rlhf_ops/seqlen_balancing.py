@@ -1,7 +1,8 @@
 """Balanced partitions of sequences by token count (Karmarkar-Karp largest differencing), verl-compatible.
 
 Used twice: across data-parallel ranks before dispatch (:func:`balance_batch_across_dp`, equal sequence
-counts per rank) and into micro-batches under a token budget (``workers.utils.micro_batch``).
+counts per rank, on the driver) and into micro-batches under a token budget (``workers.utils.micro_batch``).
+It lives in the library beside ``padding.py`` because the driver (``rlhf_ops.trainer``) uses it; workers import it.
 """
 
 from __future__ import annotations

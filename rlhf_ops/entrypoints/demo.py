@@ -155,7 +155,7 @@ def _decode(value: Any) -> Any:
 
 
 def _mlflow_start(root: Path, *, postgres: bool) -> Any:
-    from rlhf_ops.pipeline.local_stack import ensure_postgres_databases, start_mlflow_server
+    from rlhf_ops.entrypoints.local_stack import ensure_postgres_databases, start_mlflow_server
 
     backend = None
     if postgres:
@@ -175,8 +175,8 @@ def run_demo(
         steps: Training steps (None: ``DEMO_STEPS``); three checkpoints, each evaluated.
         echo: Where progress lines go.
     """
+    from rlhf_ops.entrypoints.local_stack import start_ray_head
     from rlhf_ops.pipeline.console import PipelineConsole
-    from rlhf_ops.pipeline.local_stack import start_ray_head
 
     if "airflow" in sys.modules:
         raise RuntimeError("run the demo in a fresh process: airflow was already imported with other settings")
