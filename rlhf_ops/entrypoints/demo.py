@@ -41,6 +41,9 @@ DEMO_STEPS = 30  # checkpoints (each evaluated) at a third, two thirds and the e
 DEMO_PARAMS: dict[str, Any] = {
     "eval_max_prompts": 64,
     "eval_metric": "eval/acc",
+    # Keep all three checkpoints (a few MB each): the summary table reads each one's eval.json, and the
+    # default retention (the last two plus the best) would drop the first one's row.
+    "keep_last": 0,
     "overrides": ["rollout.max_new_tokens=1", "trainer.test_freq=10"],
 }
 

@@ -97,9 +97,12 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
         "eval_max_prompts": 32,
         "overrides": ["trainer.test_freq=0", "trainer.val_before_train=false"],
     }
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import sync_bag_to_db
 
-    sync_bag_to_db(bag, "dags-folder", None)  # the downstream DAG scheduled on rlhf_ppo.champion is known
+    # The downstream DAG scheduled on rlhf_ppo.champion must be known; its bundle row first (a foreign key).
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(bag, "dags-folder", None)
     dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)
     return {"dag_run": dag_run, "xcom": lambda task, key="return_value": _xcom(dag_run.run_id, task, key)}
 
