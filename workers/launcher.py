@@ -41,11 +41,14 @@ def launch_role_groups(
     plan: BatchPlan,
     *,
     model_path: str,
-    total_training_steps: int,
     pad_token_id: int,
     eos_token_id: int | tuple[int, ...],
 ) -> RoleGroups:
-    """Starts the groups the config needs and calls ``init_model`` on each."""
+    """Starts the groups the config needs and calls ``init_model`` on each.
+
+    ``plan`` must be derived with the training set's size (``steps_per_epoch``): the trained roles read their
+    LR schedule's length from it.
+    """
     res = config.resources
     n_roles = 1 + int(config.needs_critic) + int(config.reward.model_path is not None)
     pool = RayResourcePool(
@@ -75,7 +78,6 @@ def launch_role_groups(
             rollout=config.rollout,
             algorithm=config.algorithm,
             plan=plan,
-            total_training_steps=total_training_steps,
             pad_token_id=pad_token_id,
             eos_token_id=eos_token_id,
             seed=config.trainer.seed,
@@ -101,7 +103,6 @@ def launch_role_groups(
                 critic=config.critic,
                 algorithm=config.algorithm,
                 plan=plan.critic,
-                total_training_steps=total_training_steps,
                 seed=config.trainer.seed,
                 device=res.device,
                 **profiling,

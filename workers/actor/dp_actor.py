@@ -30,7 +30,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from rlhf_ops.algorithms import POLICY_LOSSES, PolicyLossFn, agg_loss, kl_penalty, truncated_is_weights
-from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
@@ -178,14 +178,18 @@ class DataParallelPPOActor:
         )
 
     def compute_log_prob(
-        self, data: DataProto, *, calculate_entropy: bool = False, temperature: float = 1.0
+        self,
+        data: DataProto,
+        *,
+        calculate_entropy: bool = False,
+        temperature: float = 1.0,
+        forward: ForwardPlan | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (B, R) of ``responses`` under the current weights, and entropy (B, R) when asked.
 
-        Micro-batches of ``plan.log_prob_micro_batch_size_per_rank`` rows, or of at most
-        ``plan.log_prob_max_token_len_per_rank`` tokens with dynamic batch size; ``meta_info``'s
-        ``micro_batch_size`` / ``max_token_len`` / ``use_dynamic_bsz`` override the plan (the reference
-        policy uses its own sizes). No gradient. Results are fp32, in the input order, on the input's device.
+        Micro-batches of ``forward`` (default ``plan.log_prob``: ``log_prob_micro_batch_size_per_rank`` rows,
+        or at most ``log_prob_max_token_len_per_rank`` tokens with dynamic batch size; the reference policy
+        passes ``BatchPlan.ref``). No gradient. Results are fp32, in the input order, on the input's device.
         A collective under FSDP: every rank of the group must call it with the same number of micro-batches
         (guaranteed with dynamic batch size; with fixed ones, dispatch equal row counts).
 
@@ -193,14 +197,15 @@ class DataParallelPPOActor:
             data: Holds ``input_ids``, ``attention_mask``, ``position_ids`` (B, T) and ``responses`` (B, R).
             calculate_entropy: Also return the token entropy.
             temperature: Logits are divided by it (the rollout temperature).
+            forward: The micro-batching (None: ``plan.log_prob``).
         """
         _require(data, _FORWARD_KEYS, "compute_log_prob")
-        meta = data.meta_info
+        sizes = forward if forward is not None else self.plan.log_prob
         micro_batches, indices = make_micro_batches(
             data.select(list(_with_media(data, _FORWARD_KEYS))),
-            use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
-            micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
-            max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
+            use_dynamic_bsz=sizes.use_dynamic_bsz,
+            micro_batch_size=sizes.micro_batch_size_per_rank,
+            max_token_len=sizes.max_token_len_per_rank,
             dp_group=self.dp_group,
         )
         log_probs, entropies = [], []
@@ -215,7 +220,9 @@ class DataParallelPPOActor:
         return restore_order(log_probs, indices).to(out_device), entropy
 
     # ------------------------------------------------------------------------------------------- update
-    def update_policy(self, data: DataProto) -> dict[str, float]:
+    def update_policy(
+        self, data: DataProto, *, temperature: float | None = None, step: int | None = None
+    ) -> dict[str, float]:
         """PPO epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation).
 
         Args:
@@ -224,8 +231,10 @@ class DataParallelPPOActor:
                 ``algorithm.use_kl_loss``. ``old_log_probs`` may be absent when :attr:`on_policy`: then the
                 update's own detached log-probs stand in for them (verl, TRL), and with ``rollout_log_probs``
                 present the returned metrics add ``training/rollout_probs_diff_{max,mean}`` of those
-                pre-step log-probs. ``meta_info['temperature']`` (default 1.0) must be the temperature
-                the old log-probs were computed with.
+                pre-step log-probs.
+            temperature: The temperature the old log-probs were computed with (None: ``meta_info``'s, else 1).
+            step: Seeds the mini-batch shuffle with the global step, so a resumed run shuffles as the
+                uninterrupted one (None: ``meta_info['global_steps']``, else the count of updates).
 
         Returns:
             Global metrics (identical on every rank; loss values are mini-batch losses averaged over the
@@ -246,7 +255,8 @@ class DataParallelPPOActor:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
         present = set(data.batch.keys()) if data.batch is not None else set()
-        temperature = float(data.meta_info.get("temperature", 1.0))
+        if temperature is None:
+            temperature = float(data.meta_info.get("temperature", 1.0))
         if "old_log_probs" in present or not self.on_policy:
             keys = (*keys, "old_log_probs")
         elif "rollout_log_probs" in present and temperature == 1.0:
@@ -258,7 +268,7 @@ class DataParallelPPOActor:
             keys = (*keys, "rollout_log_probs")
         _require(data, keys, "update_policy")
         data = data.select(list(_with_media(data, keys)))
-        step_seed = int(data.meta_info.get("global_steps", self._num_updates))
+        step_seed = step if step is not None else int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
         acc = MetricAccumulator(self.device)
         tokens, trained, planned, stopped = 0, 0, 0, False

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from rlhf_ops.algorithms import compute_value_loss
-from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.optim import clipped_optimizer_step
@@ -128,21 +128,21 @@ class DataParallelPPOCritic:
         )
         return out.logits[:, -response_length - 1 : -1, 0].float()  # (b, R)
 
-    def compute_values(self, data: DataProto) -> Tensor:
+    def compute_values(self, data: DataProto, *, forward: ForwardPlan | None = None) -> Tensor:
         """Values (B, R), zero outside ``response_mask`` (as verl), in input order, on the input's device.
 
-        Micro-batches as ``compute_log_prob`` of the actor (plan's log-prob sizes, ``meta_info`` overrides).
+        Micro-batches as ``compute_log_prob`` of the actor: ``forward``, default ``plan.log_prob``.
 
         Args:
             data: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T), ``responses``, ``response_mask`` (B, R).
         """
         _require(data, (*_FORWARD_KEYS, "response_mask"), "compute_values")
-        meta = data.meta_info
+        sizes = forward if forward is not None else self.plan.log_prob
         micro_batches, indices = make_micro_batches(
             data.select([*_FORWARD_KEYS, "response_mask"]),
-            use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
-            micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
-            max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
+            use_dynamic_bsz=sizes.use_dynamic_bsz,
+            micro_batch_size=sizes.micro_batch_size_per_rank,
+            max_token_len=sizes.max_token_len_per_rank,
             dp_group=self.dp_group,
         )
         outputs = []
