@@ -36,9 +36,10 @@ from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
-from workers.sp.ulysses import check_ulysses_heads, enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, all_reduce, dp_world_size, global_counts
-from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
+from workers.sp.ulysses import ulysses_sequence_parallel
+from workers.utils.dist import MetricAccumulator, all_reduce, global_counts
+from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
+from workers.utils.micro_batch import make_micro_batches, split_mini_batches
 
 __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 
@@ -121,25 +122,14 @@ class DataParallelPPOActor:
         self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
         self.config, self.algorithm, self.plan = config, algorithm, plan
         self.dp_group, self.sp_group, self.seed = dp_group, sp_group, seed
-        self.dp_size, self.sp_size = dp_world_size(dp_group), sp_world_size(sp_group)
-        if self.dp_size != plan.mesh.dp_size:
-            raise ValueError(
-                f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
-                "plan for this world size (derive_batch_plan) or pass the matching dp_group."
-            )
-        if self.sp_size != plan.mesh.sp_size:
-            raise ValueError(
-                f"the sp group has {self.sp_size} ranks but plan.mesh.sp_size is {plan.mesh.sp_size}; pass the "
-                "sp_group of workers.fsdp.mesh.sp_process_groups for actor.ulysses_sequence_parallel_size."
-            )
-        if self.sp_size > 1:
-            if not config.use_remove_padding:
-                raise ValueError(
-                    f"actor.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
-                    "actor.use_remove_padding=True."
-                )
-            check_ulysses_heads(getattr(module, "config", None), self.sp_size)
-            enable_ulysses_attention(module)
+        self.dp_size, self.sp_size = check_parallel_groups(
+            "actor",
+            module,
+            mesh=plan.mesh,
+            dp_group=dp_group,
+            sp_group=sp_group,
+            use_remove_padding=config.use_remove_padding,
+        )
         self.loss_scale = self.dp_size * self.sp_size
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
@@ -200,24 +190,16 @@ class DataParallelPPOActor:
             forward: The micro-batching (None: ``plan.log_prob``).
         """
         _require(data, _FORWARD_KEYS, "compute_log_prob")
-        sizes = forward if forward is not None else self.plan.log_prob
-        micro_batches, indices = make_micro_batches(
+        log_probs, entropy = forward_micro_batches(
             data.select(list(_with_media(data, _FORWARD_KEYS))),
-            use_dynamic_bsz=sizes.use_dynamic_bsz,
-            micro_batch_size=sizes.micro_batch_size_per_rank,
-            max_token_len=sizes.max_token_len_per_rank,
+            forward if forward is not None else self.plan.log_prob,
+            lambda micro: self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy),
             dp_group=self.dp_group,
+            sp_group=self.sp_group,
+            out_device=data.batch["input_ids"].device,  # type: ignore[index]
         )
-        log_probs, entropies = [], []
-        with torch.no_grad(), ulysses_sequence_parallel(self.sp_group):
-            for micro in micro_batches:
-                lp, ent = self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy)
-                log_probs.append(lp)
-                if ent is not None:
-                    entropies.append(ent)
-        out_device = data.batch["input_ids"].device  # type: ignore[index]
-        entropy = restore_order(entropies, indices).to(out_device) if calculate_entropy else None
-        return restore_order(log_probs, indices).to(out_device), entropy
+        assert log_probs is not None
+        return log_probs, entropy
 
     # ------------------------------------------------------------------------------------------- update
     def update_policy(
