@@ -315,7 +315,8 @@ class PPOTrainer:
             step = self.state.global_step + 1
             batch = self.train_loader.next_batch()
             # Rollout sampling and the actor's mini-batch shuffle are seeded from the step, not from how
-            # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps.
+            # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps
+            # (the loader's position, the KL controller and the driver's torch RNG come from state_dict).
             metrics = self.step(batch, step=step)
             metrics["training/global_step"] = float(step)
             metrics["training/epoch"] = float(self.train_loader.epoch)

@@ -130,6 +130,9 @@ class DataParallelPPOActor:
             sp_group=sp_group,
             use_remove_padding=config.use_remove_padding,
         )
+        # Each micro-batch loss is already divided by the mini-batch's GLOBAL token / sequence count, so the
+        # gradient wanted is the plain sum over ranks; FSDP's reduce-scatter averages over the dp x sp ranks
+        # that hold the shards (SP ranks too: each one backwards its slice of the same rows), so undo that mean.
         self.loss_scale = self.dp_size * self.sp_size
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
@@ -258,6 +261,8 @@ class DataParallelPPOActor:
         # Open across backward too: activation checkpointing recomputes the Ulysses attention there.
         with ulysses_sequence_parallel(self.sp_group):
             for epoch in range(self.plan.ppo_epochs):
+                # Seeded by (seed, global step, epoch), never by how many updates this process has run: a run
+                # resumed from a checkpoint at step k shuffles step k + 1 exactly as the uninterrupted run did.
                 generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step_seed * 1_009 + epoch)
                 minis = split_mini_batches(
                     data,
@@ -316,6 +321,9 @@ class DataParallelPPOActor:
         )
         kl_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         kl_tokens = torch.zeros((), device=self.device, dtype=torch.float64)
+        # Gradient accumulation: backward per micro-batch, one optimizer step per mini-batch. The loss of each
+        # micro-batch is normalised by the mini-batch's global counts (num_tokens, num_seqs), not its own, so
+        # the accumulated gradient is the same however the mini-batch was split (rows per micro-batch, ranks).
         for micro in micro_batches:
             loss, micro_kl_sum, micro_tokens = self._micro_batch_loss(
                 micro, acc, num_tokens=num_tokens, num_seqs=num_seqs, temperature=temperature

@@ -86,7 +86,9 @@ class DataParallelPPOCritic:
             sp_group=sp_group,
             use_remove_padding=config.use_remove_padding,
         )
-        self.loss_scale = self.dp_size * self.sp_size  # FSDP averages gradients over dp x sp ranks
+        # Losses are normalised by global counts, so the wanted gradient is the sum over ranks; FSDP averages
+        # over the dp x sp ranks holding the shards: multiplying by their number undoes that mean (as the actor).
+        self.loss_scale = self.dp_size * self.sp_size
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self.last_update_tokens = 0
 
