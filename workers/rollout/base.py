@@ -27,15 +27,17 @@ mode when temperature != 1 and top-k / top-p are on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal, Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
+from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 
-__all__ = ["LogprobsMode", "RolloutEngine", "SamplingParams"]
+__all__ = ["LogprobsMode", "RolloutEngine", "SamplingParams", "build_rollout_output"]
 
 LogprobsMode = Literal["raw", "processed"]
 
@@ -59,3 +61,38 @@ class RolloutEngine(Protocol):
     def resume(self) -> None:
         """Re-acquires what :meth:`release` freed, before the next rollout."""
         ...
+
+
+def build_rollout_output(
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    responses: Tensor,
+    response_mask: Tensor,
+    log_probs: Tensor,
+    columns: Mapping[str, np.ndarray],
+    n: int,
+    pixel_values: Tensor | None = None,
+) -> DataProto:
+    """The output both engines return (keys in the module docstring), from rows already repeated n times.
+
+    Args:
+        prompt_ids: (B*n, P) left-padded prompts; prompt_mask: (B*n, P).
+        responses: (B*n, R) right-padded; response_mask: (B*n, R) 1 up to and including the first EOS.
+        log_probs: (B*n, R) float32 of the sampled tokens (masked to 0 here).
+        columns: the request's non-tensor columns, B rows each (repeated n times here, like the tensors).
+        n: samples per prompt.
+        pixel_values: (B*n, k, C, H, W) images of a vision-language batch, else None.
+    """
+    full = build_full_sequence(prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask)
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs * response_mask,
+        **full,
+    }
+    if pixel_values is not None:
+        tensors["pixel_values"] = pixel_values
+    repeated = {k: np.repeat(v, n, axis=0) for k, v in columns.items()}
+    return DataProto.from_dict(tensors, non_tensors=repeated)
