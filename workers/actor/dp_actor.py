@@ -199,7 +199,7 @@ class DataParallelPPOActor:
             lambda micro: self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy),
             dp_group=self.dp_group,
             sp_group=self.sp_group,
-            out_device=data.batch["input_ids"].device,  # type: ignore[index]
+            out_device=data.tensors["input_ids"].device,
         )
         assert log_probs is not None
         return log_probs, entropy

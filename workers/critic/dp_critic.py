@@ -141,7 +141,7 @@ class DataParallelPPOCritic:
             values,
             dp_group=self.dp_group,
             sp_group=self.sp_group,
-            out_device=data.batch["input_ids"].device,  # type: ignore[index]
+            out_device=data.tensors["input_ids"].device,
         )
         assert out is not None
         return out
