@@ -77,7 +77,6 @@ class MetaInfo(TypedDict, total=False):
     use_dynamic_bsz: bool
     global_token_num: list[int]  # valid tokens per row, for throughput / MFU
     global_steps: int
-    recompute_log_prob: bool
     calculate_entropy: bool
     metrics: dict[str, Any]  # worker metrics; concat merges them (see DataProto.concat)
     timing: dict[str, float]  # seconds per sub-stage, measured by workers

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from rlhf_ops.trainer.metrics import reduce_worker_metrics
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.critic.critic_worker import CriticWorker
@@ -28,23 +29,27 @@ class ActorRolloutRefClient:
     def __init__(self, group: RayWorkerGroup[ActorRolloutRefWorker]) -> None:
         self.group = group
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        out: DataProto = self.group.call(ActorRolloutRefWorker.generate_sequences, prompts)
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, *, step: int | None = None
+    ) -> DataProto:
+        out: DataProto = self.group.call(ActorRolloutRefWorker.generate_sequences, prompts, sampling, step=step)
         timing = out.meta_info.get("timing") or {}
         # concat keeps the first chunk's timing: rank 0's, representative of the (balanced) ranks.
         out.meta_info["timing"] = {k: float(v) for k, v in timing.items()}
         return out
 
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        result: DataProto = self.group.call(ActorRolloutRefWorker.compute_ref_log_prob, data)
+    def compute_ref_log_prob(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> DataProto:
+        call = ActorRolloutRefWorker.compute_ref_log_prob
+        result: DataProto = self.group.call(call, data, temperature=temperature, step=step)
         return result
 
-    def compute_log_prob(self, data: DataProto) -> DataProto:
-        result: DataProto = self.group.call(ActorRolloutRefWorker.compute_log_prob, data)
+    def compute_log_prob(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> DataProto:
+        call = ActorRolloutRefWorker.compute_log_prob
+        result: DataProto = self.group.call(call, data, temperature=temperature, step=step)
         return result
 
-    def update_actor(self, data: DataProto) -> dict[str, float]:
-        return _metrics(self.group.call(ActorRolloutRefWorker.update_actor, data))
+    def update_actor(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> dict[str, float]:
+        return _metrics(self.group.call(ActorRolloutRefWorker.update_actor, data, temperature=temperature, step=step))
 
     def save_checkpoint(self, path: str) -> None:
         self.group.call(ActorRolloutRefWorker.save_checkpoint, path)
@@ -59,12 +64,12 @@ class CriticClient:
     def __init__(self, group: RayWorkerGroup[CriticWorker]) -> None:
         self.group = group
 
-    def compute_values(self, data: DataProto) -> DataProto:
-        result: DataProto = self.group.call(CriticWorker.compute_values, data)
+    def compute_values(self, data: DataProto, *, step: int | None = None) -> DataProto:
+        result: DataProto = self.group.call(CriticWorker.compute_values, data, step=step)
         return result
 
-    def update_critic(self, data: DataProto) -> dict[str, float]:
-        return _metrics(self.group.call(CriticWorker.update_critic, data))
+    def update_critic(self, data: DataProto, *, step: int | None = None) -> dict[str, float]:
+        return _metrics(self.group.call(CriticWorker.update_critic, data, step=step))
 
     def save_checkpoint(self, path: str) -> None:
         self.group.call(CriticWorker.save_checkpoint, path)

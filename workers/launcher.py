@@ -17,6 +17,7 @@ from workers.clients import ActorRolloutRefClient, CriticClient, RewardModelClie
 from workers.critic.critic_worker import CriticSpec, CriticWorker
 from workers.reward_model.reward_model_worker import RewardModelSpec, RewardModelWorker
 from workers.single_controller.resource_pool import RayResourcePool
+from workers.single_controller.worker import Worker
 from workers.single_controller.worker_group import RayWorkerGroup
 
 
@@ -36,18 +37,99 @@ class RoleGroups:
         self.pool.shutdown()
 
 
+RoleRow = tuple[str, type[Worker], Any]
+
+
+def role_table(
+    config: RunConfig,
+    plan: BatchPlan,
+    *,
+    model_path: str,
+    pad_token_id: int,
+    eos_token_id: int | tuple[int, ...],
+    profile_steps: tuple[int, ...],
+    profile_dir: str,
+) -> list[RoleRow]:
+    """``(group name, worker class, spec)`` of every role the config needs, in start order.
+
+    Each spec holds the role's own sections of the config (never the root) and its part of ``plan``.
+    """
+    res = config.resources
+    role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
+    rows: list[RoleRow] = [
+        (
+            role,
+            ActorRolloutRefWorker,
+            ActorRolloutRefSpec(
+                role=role,
+                model_path=model_path,
+                model=config.model,
+                actor=config.actor,
+                ref=config.ref,
+                rollout=config.rollout,
+                algorithm=config.algorithm,
+                plan=plan,
+                pad_token_id=pad_token_id,
+                eos_token_id=eos_token_id,
+                seed=config.trainer.seed,
+                device=res.device,
+                num_threads=res.threads_per_worker,
+                profile_steps=profile_steps,
+                profile_dir=profile_dir,
+            ),
+        )
+    ]
+    if config.needs_critic:
+        assert plan.critic is not None
+        critic = CriticSpec(
+            model_path=config.critic.model_path or model_path,
+            model=config.model,
+            critic=config.critic,
+            algorithm=config.algorithm,
+            plan=plan.critic,
+            seed=config.trainer.seed,
+            device=res.device,
+            profile_steps=profile_steps,
+            profile_dir=profile_dir,
+        )
+        rows.append(("critic", CriticWorker, critic))
+    if config.reward.model_path is not None:
+        reward_model = RewardModelSpec(
+            model_path=config.reward.model_path,
+            micro_batch_size=config.reward.micro_batch_size_per_gpu,
+            dtype=config.model.dtype,
+            attn_implementation=config.model.attn_implementation,
+            fsdp=config.reward.fsdp,
+            device=res.device,
+        )
+        rows.append(("reward_model", RewardModelWorker, reward_model))
+    return rows
+
+
 def launch_role_groups(
     config: RunConfig,
     plan: BatchPlan,
     *,
     model_path: str,
-    total_training_steps: int,
     pad_token_id: int,
     eos_token_id: int | tuple[int, ...],
 ) -> RoleGroups:
-    """Starts the groups the config needs and calls ``init_model`` on each."""
+    """Starts the groups the config needs and calls ``init_model`` on each.
+
+    ``plan`` must be derived with the training set's size (``steps_per_epoch``): the trained roles read their
+    LR schedule's length from it.
+    """
     res = config.resources
-    n_roles = 1 + int(config.needs_critic) + int(config.reward.model_path is not None)
+    # Absolute on the driver: Ray workers may run in another working directory (multi-node: a shared FS).
+    rows = role_table(
+        config,
+        plan,
+        model_path=model_path,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        profile_steps=tuple(config.trainer.profile_steps),
+        profile_dir=os.path.abspath(config.trainer.profile_dir),
+    )
     pool = RayResourcePool(
         [res.nproc_per_node] * res.nnodes,
         use_gpu=res.device == "cuda",
@@ -55,98 +137,33 @@ def launch_role_groups(
         gpus_per_process=res.gpus_per_worker,
         name_prefix=config.trainer.experiment_name,
     )
-    share = 1.0 / n_roles
-    # Absolute on the driver: Ray workers may run in another working directory (multi-node: a shared FS).
-    profiling: dict[str, Any] = {
-        "profile_steps": tuple(config.trainer.profile_steps),
-        "profile_dir": os.path.abspath(config.trainer.profile_dir),
-    }
+    share = 1.0 / len(rows)  # every role on every bundle, each a fraction of its CPUs / GPU
     # NCCL refuses two ranks on one device ("Duplicate GPU detected"): ranks sharing a GPU talk over gloo.
     backend = "nccl" if res.device == "cuda" and res.gpus_per_worker >= 1.0 else "gloo"
-    groups: list[RayWorkerGroup[Any]] = []
+    groups: dict[str, RayWorkerGroup[Any]] = {}
     try:
-        role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
-        spec = ActorRolloutRefSpec(
-            role=role,
-            model_path=model_path,
-            model=config.model,
-            actor=config.actor,
-            ref=config.ref,
-            rollout=config.rollout,
-            algorithm=config.algorithm,
-            plan=plan,
-            total_training_steps=total_training_steps,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            seed=config.trainer.seed,
-            device=res.device,
-            num_threads=res.threads_per_worker,
-            **profiling,
-        )
-        arr = RayWorkerGroup(
-            pool,
-            ActorRolloutRefWorker,
-            worker_kwargs={"spec": spec},
-            name_prefix=role,
-            backend=backend,
-            resource_share=share,
-        )
-        groups.append(arr)
-        critic = None
-        if config.needs_critic:
-            assert plan.critic is not None
-            critic_spec = CriticSpec(
-                model_path=config.critic.model_path or model_path,
-                model=config.model,
-                critic=config.critic,
-                algorithm=config.algorithm,
-                plan=plan.critic,
-                total_training_steps=total_training_steps,
-                seed=config.trainer.seed,
-                device=res.device,
-                **profiling,
-            )
-            critic_group = RayWorkerGroup(
+        for name, worker_cls, spec in rows:
+            groups[name] = RayWorkerGroup(
                 pool,
-                CriticWorker,
-                worker_kwargs={"spec": critic_spec},
-                name_prefix="critic",
+                worker_cls,
+                worker_kwargs={"spec": spec},
+                name_prefix=name,
                 backend=backend,
                 resource_share=share,
             )
-            groups.append(critic_group)
-            critic = CriticClient(critic_group)
-        reward_model = None
-        if config.reward.model_path is not None:
-            rm_spec = RewardModelSpec(
-                model_path=config.reward.model_path,
-                micro_batch_size=config.reward.micro_batch_size_per_gpu,
-                dtype=config.model.dtype,
-                attn_implementation=config.model.attn_implementation,
-                fsdp=config.ref.fsdp,
-                device=res.device,
-            )
-            rm_group = RayWorkerGroup(
-                pool,
-                RewardModelWorker,
-                worker_kwargs={"spec": rm_spec},
-                name_prefix="reward_model",
-                backend=backend,
-                resource_share=share,
-            )
-            groups.append(rm_group)
-            reward_model = RewardModelClient(rm_group)
-        for group in groups:
+        for group in groups.values():
             group.call("init_model")
     except BaseException:
-        for group in groups:
+        for group in groups.values():
             group.shutdown()
         pool.shutdown()
         raise
+    arr = groups.get("actor_rollout_ref", groups.get("actor_rollout"))
+    assert arr is not None
     return RoleGroups(
         actor_rollout_ref=ActorRolloutRefClient(arr),
-        critic=critic,
-        reward_model=reward_model,
+        critic=CriticClient(groups["critic"]) if "critic" in groups else None,
+        reward_model=RewardModelClient(groups["reward_model"]) if "reward_model" in groups else None,
         pool=pool,
-        groups=groups,
+        groups=list(groups.values()),
     )

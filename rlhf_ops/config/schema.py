@@ -396,6 +396,10 @@ class RewardConfig(_Section):
     )
     micro_batch_size_per_gpu: int = Field(8, gt=0)
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    fsdp: FSDPConfig = Field(
+        default_factory=lambda: FSDPConfig(param_offload=False),
+        description="FSDP2 of the reward model (frozen: no optimizer), its own section (it once borrowed ref.fsdp).",
+    )
 
 
 class ResourcesConfig(_Section):

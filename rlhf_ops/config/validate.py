@@ -356,6 +356,8 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
     sections = [("actor", run.actor.fsdp), ("ref", run.ref.fsdp)]
     if run.needs_critic:
         sections.append(("critic", run.critic.fsdp))
+    if run.reward.model_path is not None:
+        sections.append(("reward", run.reward.fsdp))
     for section, fsdp in sections:
         _check_fsdp_knobs(section, fsdp, run.world_size, problems)
     _check_ref_fsdp(run.ref.fsdp, problems)

@@ -107,7 +107,6 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     from workers.rollout.multi_turn import tool_schemas
 
     torch.manual_seed(config.trainer.seed)
-    plan = derive_batch_plan(config)
     model_path = resolve_model_path(config.model.path)
     # A vision-language model's directory holds a processor: it encodes image rows; text goes via its tokenizer.
     loaded = load_tokenizer_or_processor(config.model.tokenizer_path or model_path)
@@ -153,9 +152,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             shuffle=False,
             drop_last=False,
         )
-    total = config.trainer.total_epochs * len(train_loader)
-    if config.trainer.total_training_steps is not None:
-        total = min(total, config.trainer.total_training_steps)
+    plan = derive_batch_plan(config, steps_per_epoch=len(train_loader))
     run_dir = Path(config.trainer.checkpoint_root) / config.trainer.experiment_name / config.trainer.run_name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(dump_config(config))
@@ -164,7 +161,6 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         config,
         plan,
         model_path=model_path,
-        total_training_steps=total,
         pad_token_id=int(tokenizer.pad_token_id),
         eos_token_id=tuple(eos_ids),
     )

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.config import ConfigError, RunConfig, load_config
+from rlhf_ops.config import ConfigError, RunConfig, load_config, total_training_steps
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.override_policy import OverridePolicy
 from rlhf_ops.pipeline.params import PipelineParams, param_overrides, run_overrides, train_entrypoint
@@ -134,9 +134,7 @@ def plan_checkpoints(config: RunConfig, *, num_train: int) -> tuple[int, list[in
             f"data.train_batch_size={config.data.train_batch_size} is larger than the {num_train} prepared training "
             "rows; lower data.train_batch_size or add data"
         )
-    total = config.trainer.total_epochs * steps_per_epoch
-    if config.trainer.total_training_steps is not None:
-        total = min(total, config.trainer.total_training_steps)
+    total = total_training_steps(config.trainer, steps_per_epoch=steps_per_epoch)
     freq = config.trainer.save_freq
     steps = {s for s in range(1, total + 1) if freq and s % freq == 0} | {total}
     return total, sorted(steps)

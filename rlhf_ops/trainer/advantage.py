@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from rlhf_ops.algorithms import (
     AdaptiveKLController,
     FixedKLController,
@@ -30,12 +32,14 @@ def build_kl_controller(cfg: KLControllerConfig) -> KLController:
     return FixedKLController(kl_coef=cfg.kl_coef)
 
 
-def apply_reward_kl(data: DataProto, cfg: AlgorithmConfig, kl_ctrl: KLController) -> dict[str, float]:
-    """Writes ``token_level_rewards`` (B, R): scores minus beta * KL when ``use_kl_in_reward``, else scores."""
+def apply_reward_kl(
+    data: DataProto, cfg: AlgorithmConfig, kl_ctrl: KLController
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """``{"token_level_rewards": (B, R)}``: scores minus beta * KL when ``use_kl_in_reward``, else the scores;
+    and the KL metrics (the adaptive controller is updated with this step's KL)."""
     scores = data.tensors["token_level_scores"]
     if not cfg.use_kl_in_reward:
-        data.tensors["token_level_rewards"] = scores
-        return {}
+        return {"token_level_rewards": scores}, {}
     rewards, metrics = apply_kl_penalty(
         scores,
         data.tensors["old_log_probs"],
@@ -44,12 +48,11 @@ def apply_reward_kl(data: DataProto, cfg: AlgorithmConfig, kl_ctrl: KLController
         kl_ctrl=kl_ctrl,
         kl_penalty=cfg.kl_penalty,
     )
-    data.tensors["token_level_rewards"] = rewards
-    return {k: float(v) for k, v in metrics.items()}
+    return {"token_level_rewards": rewards}, {k: float(v) for k, v in metrics.items()}
 
 
-def compute_advantage(data: DataProto, cfg: AlgorithmConfig) -> None:
-    """Writes ``advantages`` and ``returns`` (B, R) for ``cfg.adv_estimator``."""
+def compute_advantage(data: DataProto, cfg: AlgorithmConfig) -> dict[str, Tensor]:
+    """``{"advantages", "returns"}`` (B, R) fp32 for ``cfg.adv_estimator``, from ``token_level_rewards``."""
     rewards, mask = data.tensors["token_level_rewards"], data.tensors["response_mask"]
     name = cfg.adv_estimator
     index: Any = data.non_tensor_batch.get("uid")
@@ -69,4 +72,4 @@ def compute_advantage(data: DataProto, cfg: AlgorithmConfig) -> None:
         adv, ret = compute_remax_outcome_advantage(rewards, data.tensors["reward_baselines"], mask)
     else:  # the config's Literal makes this unreachable
         raise AssertionError(name)
-    data.tensors["advantages"], data.tensors["returns"] = adv.float(), ret.float()
+    return {"advantages": adv.float(), "returns": ret.float()}

@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from rlhf_ops.agent.metrics import ROW_KEYS
 from rlhf_ops.algorithms import KLController
 from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
-from rlhf_ops.trainer.generation import merge_generation
+from rlhf_ops.trainer.generation import MEDIA_KEYS, gen_keys, merge_generation
 from rlhf_ops.trainer.metrics import (
     compute_data_metrics,
     compute_reward_metrics_by_source,
@@ -82,8 +82,20 @@ def _add_worker_timing(timer: StageTimer, out: DataProto) -> None:
         timer.add(f"worker/{name}", float(seconds))
 
 
+def with_keys(batch: DataProto, added: Mapping[str, torch.Tensor]) -> DataProto:
+    """A new batch holding ``batch``'s keys and ``added`` (a key in both must hold equal values)."""
+    if not added:
+        return batch
+    return batch.union(DataProto.from_dict(dict(added)))
+
+
 class PPOTrainer:
-    """Drives the worker groups through ``fit()``; holds no model, only the dataflow."""
+    """Drives the worker groups through ``fit()``; holds no model, only the dataflow.
+
+    Each stage returns the keys it computes and :meth:`step` unions them into the step's batch, so a stage
+    never changes the batch it was given. ``plan`` must be derived with ``steps_per_epoch=len(train_loader)``:
+    the run's length is ``plan.total_steps``.
+    """
 
     def __init__(
         self,
@@ -108,62 +120,112 @@ class PPOTrainer:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
         self.state = TrainerState()
-        steps_per_epoch = len(train_loader)
-        total = config.trainer.total_epochs * steps_per_epoch
-        if config.trainer.total_training_steps is not None:
-            total = min(total, config.trainer.total_training_steps)
-        self.total_steps = total
+        if plan.total_steps is None or plan.steps_per_epoch != len(train_loader):
+            raise ValueError(
+                f"the plan was derived for {plan.steps_per_epoch} steps per epoch but the loader has "
+                f"{len(train_loader)}: pass derive_batch_plan(config, steps_per_epoch=len(train_loader))"
+            )
+        self.total_steps = plan.total_steps
         self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
 
-    # ---- stages -------------------------------------------------------------------------------
-    def _sampling_meta(self) -> dict[str, Any]:
+    # ---- stages: each returns what it adds ------------------------------------------------------
+    def sampling(self, *, greedy: bool = False) -> SamplingParams:
+        """The training rollout's sampling settings (one sample per row: the trainer repeats the prompts)."""
         r = self.config.rollout
-        return {
-            "temperature": r.temperature,
-            "top_p": r.top_p,
-            "top_k": r.top_k,
-            "do_sample": True,
-            "response_length": r.max_new_tokens,
-            "eos_token_id": list(self.eos_token_ids),
-            "pad_token_id": int(self.tokenizer.pad_token_id),
-            "recompute_log_prob": False,  # its own stage in step(), and only when needed
-        }
+        return SamplingParams(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            do_sample=not greedy,
+            response_length=r.max_new_tokens,
+            eos_token_id=tuple(self.eos_token_ids),
+            pad_token_id=int(self.tokenizer.pad_token_id),
+        )
 
-    def generate(self, prompts: DataProto, timer: StageTimer) -> DataProto:
-        """n samples per prompt (rows repeated interleaved, so group ids stay adjacent) + old log-probs."""
-        prompts.meta_info.update(self._sampling_meta())  # type: ignore[typeddict-item]
+    def generate(self, prompts: DataProto, timer: StageTimer, *, step: int | None) -> DataProto:
+        """The step's sequences: n samples per prompt (rows repeated interleaved, so group ids stay adjacent)
+        with the prompts' columns, and ``reward_baselines`` (B,) for ReMax."""
+        baseline = None
         if self.config.algorithm.adv_estimator == "remax":
             with timer.stage("gen_max"):
-                baseline = self._greedy_baseline(prompts)
+                baseline = self._greedy_baseline(prompts, step=step)
         repeated = prompts.repeat(self.config.rollout.n, interleave=True)
         with timer.stage("gen"):
-            out = self.actor_rollout_ref.generate_sequences(repeated)
+            out = self.actor_rollout_ref.generate_sequences(repeated, self.sampling(), step=step)
         _add_worker_timing(timer, out)
-        batch = merge_generation(repeated, out, keys=_gen_keys(out))
-        if self.config.algorithm.adv_estimator == "remax":
-            batch.tensors["reward_baselines"] = baseline.repeat_interleave(self.config.rollout.n)
+        batch = merge_generation(repeated, out, keys=gen_keys(out))
+        if baseline is not None:
+            batch = with_keys(batch, {"reward_baselines": baseline.repeat_interleave(self.config.rollout.n)})
         return batch
 
-    def _greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
+    def _greedy_baseline(self, prompts: DataProto, *, step: int | None) -> torch.Tensor:
+        """ReMax's baseline (B,): the reward of each prompt's greedy response."""
         keys = ["input_ids", "attention_mask", "position_ids"]
-        greedy = prompts.select(batch_keys=[*keys, *(k for k in _MEDIA_KEYS if k in prompts.tensors.keys())])
+        greedy = prompts.select(batch_keys=[*keys, *(k for k in MEDIA_KEYS if k in prompts.tensors.keys())])
         greedy.non_tensor_batch = dict(prompts.non_tensor_batch)
-        greedy.meta_info.update({**self._sampling_meta(), "do_sample": False, "recompute_log_prob": False})  # type: ignore[typeddict-item]
-        generated = self.actor_rollout_ref.generate_sequences(greedy)
-        out = merge_generation(greedy, generated, keys=_gen_keys(generated))
-        self.reward(out)
-        return out.tensors["token_level_scores"].sum(-1)
+        generated = self.actor_rollout_ref.generate_sequences(greedy, self.sampling(greedy=True), step=step)
+        out = merge_generation(greedy, generated, keys=gen_keys(generated))
+        scores, _ = self.reward.score(out)
+        return scores["token_level_scores"].sum(-1)
 
-    def step(self, batch: DataProto) -> dict[str, float]:
-        """One training step on a batch of prompts; returns its metrics."""
+    def _score(self, batch: DataProto, timer: StageTimer) -> tuple[DataProto, dict[str, list[float]]]:
+        with timer.stage("reward"):
+            scores, extra = self.reward.score(batch)
+        return with_keys(batch, scores), extra
+
+    def old_log_prob(
+        self, batch: DataProto, timer: StageTimer, metrics: dict[str, float], *, step: int | None
+    ) -> dict[str, torch.Tensor]:
+        """``old_log_probs`` (B, R) at the rollout temperature (``timing_s/old_log_prob``, verl's name)."""
+        with timer.stage("old_log_prob"):
+            old = self.actor_rollout_ref.compute_log_prob(
+                batch, temperature=self.config.rollout.temperature, step=step
+            )
+        _add_worker_timing(timer, old)
+        old_log_probs = old.tensors["old_log_probs"]
+        # The engine's log-probs against the actor's recompute (skipped pass: the update reports it from
+        # its first forward). Engines report temperature-1 ("raw") log-probs while old_log_probs use the
+        # rollout temperature, so they compare only at temperature 1.
+        if "rollout_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
+            b = batch.tensors
+            metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], old_log_probs, b["response_mask"]))
+        return {"old_log_probs": old_log_probs}
+
+    def ref_log_prob(self, batch: DataProto, timer: StageTimer, *, step: int | None) -> dict[str, torch.Tensor]:
+        """``ref_log_prob`` (B, R) under the reference policy, at the rollout temperature."""
+        with timer.stage("ref"):
+            ref = self.actor_rollout_ref.compute_ref_log_prob(
+                batch, temperature=self.config.rollout.temperature, step=step
+            )
+        _add_worker_timing(timer, ref)
+        return {"ref_log_prob": ref.tensors["ref_log_prob"]}
+
+    def values(self, batch: DataProto, timer: StageTimer, *, step: int | None) -> dict[str, torch.Tensor]:
+        """``values`` (B, R) of the critic."""
+        assert self.critic is not None
+        with timer.stage("values"):
+            return {"values": self.critic.compute_values(batch, step=step).tensors["values"]}
+
+    def advantages(self, batch: DataProto, timer: StageTimer, metrics: dict[str, float]) -> dict[str, torch.Tensor]:
+        """``token_level_rewards`` (KL in the reward when configured), then ``advantages`` and ``returns``."""
+        with timer.stage("adv"):
+            rewards, kl_metrics = apply_reward_kl(batch, self.config.algorithm, self.kl_ctrl)
+            metrics.update(kl_metrics)
+            return {**rewards, **compute_advantage(with_keys(batch, rewards), self.config.algorithm)}
+
+    def step(self, batch: DataProto, *, step: int | None = None) -> dict[str, float]:
+        """One training step on a batch of prompts; returns its metrics.
+
+        ``step`` (the global step, 1-based) seeds the rollout sampling and the actor's mini-batch shuffle;
+        None (a step run outside :meth:`fit`): the engines' running generators and the actor's update count.
+        """
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
-        batch = self.generate(batch, timer)
+        batch = self.generate(batch, timer, step=step)
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
             metrics["perf/dp_token_imbalance"] = imbalance
-        with timer.stage("reward"):
-            extra = self.reward(batch)
+        batch, extra = self._score(batch, timer)
         scores = batch.tensors["token_level_scores"].sum(-1)
         metrics.update(
             compute_reward_metrics_by_source(
@@ -171,36 +233,21 @@ class PPOTrainer:
             )
         )
         if self.config.algorithm.filter_groups.enable:  # DAPO: refill zero-variance groups from the next prompts
-            batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics)
+            batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics, step=step)
         if self.needs_old_log_prob:
-            with timer.stage("old_log_prob"):
-                old = self.actor_rollout_ref.compute_log_prob(batch)
-            _add_worker_timing(timer, old)
-            batch = batch.union(old.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
-            # The engine's log-probs against the actor's recompute (skipped pass: the update reports it from
-            # its first forward). Engines report temperature-1 ("raw") log-probs while old_log_probs use the
-            # rollout temperature, so they compare only at temperature 1.
-            if "rollout_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
-                b = batch.tensors
-                metrics.update(
-                    compute_rollout_probs_diff(b["rollout_log_probs"], b["old_log_probs"], b["response_mask"])
-                )
+            batch = with_keys(batch, self.old_log_prob(batch, timer, metrics, step=step))
         if self.config.needs_ref:
-            with timer.stage("ref"):
-                ref = self.actor_rollout_ref.compute_ref_log_prob(batch)
-            _add_worker_timing(timer, ref)
-            batch = batch.union(ref.select(batch_keys=["ref_log_prob"], meta_info_keys=[]))
+            batch = with_keys(batch, self.ref_log_prob(batch, timer, step=step))
         if self.critic is not None:
-            with timer.stage("values"):
-                batch = batch.union(self.critic.compute_values(batch).select(batch_keys=["values"]))
-        with timer.stage("adv"):
-            metrics.update(apply_reward_kl(batch, self.config.algorithm, self.kl_ctrl))
-            compute_advantage(batch, self.config.algorithm)
+            batch = with_keys(batch, self.values(batch, timer, step=step))
+        batch = with_keys(batch, self.advantages(batch, timer, metrics))
         if self.critic is not None:
             with timer.stage("update_critic"):
-                metrics.update(self.critic.update_critic(batch))
+                metrics.update(self.critic.update_critic(batch, step=step))
         with timer.stage("update_actor"):
-            metrics.update(self.actor_rollout_ref.update_actor(batch))
+            metrics.update(
+                self.actor_rollout_ref.update_actor(batch, temperature=self.config.rollout.temperature, step=step)
+            )
         step_seconds = time.perf_counter() - start
         metrics.update(
             compute_data_metrics(
@@ -216,18 +263,14 @@ class PPOTrainer:
         )
         return metrics
 
-    def _dynamic_sampling(self, first: ScoredBatch, timer: StageTimer, metrics: dict[str, float]) -> DataProto:
+    def _dynamic_sampling(
+        self, first: ScoredBatch, timer: StageTimer, metrics: dict[str, float], *, step: int | None
+    ) -> DataProto:
         """The step's batch of informative groups (rlhf_ops.trainer.dynamic_sampling); ``train/<source>/*``
         reward metrics stay those of the step's own prompts (an unbiased sample of the policy)."""
-        step = first.batch.meta_info.get("global_steps")
 
         def next_round() -> ScoredBatch:
-            prompts = self.train_loader.next_batch()
-            if step is not None:
-                prompts.meta_info["global_steps"] = step
-            batch = self.generate(prompts, timer)
-            with timer.stage("reward"):
-                extra = self.reward(batch)
+            batch, extra = self._score(self.generate(self.train_loader.next_batch(), timer, step=step), timer)
             return ScoredBatch(batch, extra)
 
         cfg = self.config.algorithm.filter_groups
@@ -272,9 +315,9 @@ class PPOTrainer:
             step = self.state.global_step + 1
             batch = self.train_loader.next_batch()
             # Rollout sampling and the actor's mini-batch shuffle are seeded from the step, not from how
-            # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps.
-            batch.meta_info["global_steps"] = step
-            metrics = self.step(batch)
+            # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps
+            # (the loader's position, the KL controller and the driver's torch RNG come from state_dict).
+            metrics = self.step(batch, step=step)
             metrics["training/global_step"] = float(step)
             metrics["training/epoch"] = float(self.train_loader.epoch)
             self.state.global_step = step
@@ -319,25 +362,6 @@ class PPOTrainer:
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         if "torch" in self.state.rng:
             torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
-
-
-_GEN_KEYS = [
-    "prompts",
-    "responses",
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "response_mask",
-    "rollout_log_probs",
-]
-MULTI_TURN_KEYS = ROW_KEYS  # multi-turn rollouts: per-row turn / tool counters (rlhf_ops.agent.metrics)
-_MEDIA_KEYS = ["pixel_values"]  # vision-language batches: the images travel with their rows to every role
-
-
-def _gen_keys(generated: DataProto) -> list[str]:
-    """The generation keys to keep: :data:`_GEN_KEYS` plus the media keys the engine returned."""
-    present = set(generated.tensors.keys())
-    return _GEN_KEYS + [k for k in (*_MEDIA_KEYS, *MULTI_TURN_KEYS) if k in present]
 
 
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

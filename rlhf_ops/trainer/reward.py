@@ -46,7 +46,7 @@ def decode_responses(data: DataProto, tokenizer: Tokenizer) -> list[str]:
 
 
 class RewardStage:
-    """Writes ``token_level_scores`` (B, R); returns per-row extras (for metrics) keyed by name."""
+    """``token_level_scores`` (B, R) (and ``rm_scores`` with a reward model), plus per-row extras for metrics."""
 
     def __init__(self, *, tokenizer: Tokenizer, reward_fn: RewardFn | None, reward_model: RewardModel | None) -> None:
         if reward_fn is None and reward_model is None:
@@ -54,6 +54,15 @@ class RewardStage:
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
 
     def __call__(self, data: DataProto) -> dict[str, list[float]]:
+        """Writes :meth:`score`'s tensors into ``data`` (for callers holding one batch); returns the extras."""
+        tensors, extra = self.score(data)
+        for key, value in tensors.items():
+            data.tensors[key] = value
+        return extra
+
+    def score(self, data: DataProto) -> tuple[dict[str, torch.Tensor], dict[str, list[float]]]:
+        """``({"token_level_scores": (B, R)[, "rm_scores": (B, R)]}, extras)``; ``data`` is not changed."""
+        added: dict[str, torch.Tensor] = {}
         scores = torch.zeros_like(data.tensors["response_mask"], dtype=torch.float32)
         extra: dict[str, list[float]] = {}
         if self.reward_fn is not None:
@@ -69,10 +78,10 @@ class RewardStage:
             scores = scores + rule
         if self.reward_model is not None:
             rm = self.reward_model.compute_rm_score(data.select(batch_keys=_RM_KEYS))
-            data.tensors["rm_scores"] = rm.tensors["rm_scores"]
+            added["rm_scores"] = rm.tensors["rm_scores"]
             scores = scores + rm.tensors["rm_scores"]
-        data.tensors["token_level_scores"] = scores
-        return extra
+        added["token_level_scores"] = scores
+        return added, extra
 
 
 _RM_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]

@@ -1,7 +1,11 @@
 """What the controller needs from each role: explicit, typed interfaces (Protocols).
 
 The Ray-backed implementations live in ``workers/`` (one facade per worker group); the controller
-never sees Ray, ranks or dispatch modes.
+never sees Ray, ranks or dispatch modes. Control values (sampling settings, temperature, step) are
+arguments, never ``meta_info`` entries; ``meta_info`` carries only what a worker reports back
+(``timing``, ``metrics``). Each call returns the keys it computes, nothing of its input.
+
+Notation: B = sequences, R = response length.
 """
 
 from __future__ import annotations
@@ -9,25 +13,31 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 
 
 class ActorRolloutRef(Protocol):
     """The colocated actor / rollout / reference group."""
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Samples responses (and ``old_log_probs`` with ``meta_info['recompute_log_prob']``)."""
+    def generate_sequences(self, prompts: DataProto, sampling: SamplingParams, *, step: int | None) -> DataProto:
+        """Samples ``sampling.n`` responses per prompt (see ``workers.rollout.base`` for the keys).
+
+        ``step`` seeds the engines' sampling (None: their running generator): a resumed run samples
+        exactly what an uninterrupted one did.
+        """
         ...
 
-    def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (B, R): the actor's log-probs of the responses before the update."""
+    def compute_log_prob(self, data: DataProto, *, temperature: float, step: int | None) -> DataProto:
+        """``old_log_probs`` (B, R): the actor's log-probs of the responses (logits / ``temperature``)."""
         ...
 
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+    def compute_ref_log_prob(self, data: DataProto, *, temperature: float, step: int | None) -> DataProto:
         """``ref_log_prob`` (B, R) under the reference policy."""
         ...
 
-    def update_actor(self, data: DataProto) -> dict[str, float]:
-        """One PPO update over the batch; returns reduced ``actor/*`` metrics."""
+    def update_actor(self, data: DataProto, *, temperature: float, step: int | None) -> dict[str, float]:
+        """One PPO update over the batch; returns ``actor/*`` metrics. ``step`` seeds the mini-batch
+        shuffle (None: the actor's count of updates)."""
         ...
 
     def save_checkpoint(self, path: str) -> None: ...
@@ -38,11 +48,11 @@ class ActorRolloutRef(Protocol):
 class Critic(Protocol):
     """The value model group (GAE only)."""
 
-    def compute_values(self, data: DataProto) -> DataProto:
+    def compute_values(self, data: DataProto, *, step: int | None) -> DataProto:
         """``values`` (B, R)."""
         ...
 
-    def update_critic(self, data: DataProto) -> dict[str, float]: ...
+    def update_critic(self, data: DataProto, *, step: int | None) -> dict[str, float]: ...
 
     def save_checkpoint(self, path: str) -> None: ...
 

@@ -11,6 +11,7 @@ import torch
 from rlhf_ops.config.schema import SamplingConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from rlhf_ops.trainer.generation import merge_generation
 from rlhf_ops.trainer.metrics import compute_reward_metrics_by_source
 from rlhf_ops.trainer.reward import RewardStage, decode_responses
@@ -30,26 +31,26 @@ def generate_and_score(
     eos_token_ids: Sequence[int] | None = None,
 ) -> tuple[DataProto, dict[str, list[float]], list[str]]:
     """Every validation prompt, ``sampling.n`` times; returns the scored batch, reward extras and texts."""
+    params = SamplingParams(
+        temperature=max(sampling.temperature, 1e-6) if sampling.do_sample else 1.0,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        do_sample=sampling.do_sample,
+        response_length=response_length,
+        eos_token_id=tuple(eos_token_ids) if eos_token_ids else int(tokenizer.eos_token_id),
+        pad_token_id=int(tokenizer.pad_token_id),
+    )
     parts: list[DataProto] = []
     extras: dict[str, list[float]] = {}
     texts: list[str] = []
     for prompts in loader.iter_epoch():
-        prompts.meta_info.update(
-            {
-                "temperature": max(sampling.temperature, 1e-6) if sampling.do_sample else 1.0,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-                "do_sample": sampling.do_sample,
-                "validate": True,
-                "response_length": response_length,
-                "eos_token_id": list(eos_token_ids) if eos_token_ids else int(tokenizer.eos_token_id),
-                "pad_token_id": int(tokenizer.pad_token_id),
-                "recompute_log_prob": False,
-            }
-        )
         repeated = prompts.repeat(sampling.n, interleave=True)
-        batch = merge_generation(repeated, actor_rollout_ref.generate_sequences(repeated), keys=_KEYS)
-        for key, values in reward(batch).items():
+        # No step: validation draws from the engines' running generators (it does not touch the training seeds).
+        generated = actor_rollout_ref.generate_sequences(repeated, params, step=None)
+        batch = merge_generation(repeated, generated, keys=_KEYS)
+        scores, extra = reward.score(batch)
+        batch = batch.union(DataProto.from_dict(scores))
+        for key, values in extra.items():
             extras.setdefault(key, []).extend(values)
         texts.extend(decode_responses(batch, tokenizer))
         parts.append(batch)

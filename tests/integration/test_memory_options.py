@@ -66,8 +66,7 @@ def _actor_trajectory(model_dir: str, overrides: list[str], *, world: int = 2) -
         ref=config.ref,
         rollout=config.rollout,
         algorithm=config.algorithm,
-        plan=derive_batch_plan(config),
-        total_training_steps=UPDATES,
+        plan=derive_batch_plan(config, steps_per_epoch=UPDATES),
         pad_token_id=0,
         eos_token_id=2,
         seed=3,
@@ -97,7 +96,7 @@ def _critic_trajectory(model_dir: str, overrides: list[str], *, world: int = 1) 
             *overrides,
         ],
     )
-    plan = derive_batch_plan(config).critic
+    plan = derive_batch_plan(config, steps_per_epoch=UPDATES).critic
     assert plan is not None
     spec = CriticSpec(
         model_path=model_dir,
@@ -105,7 +104,6 @@ def _critic_trajectory(model_dir: str, overrides: list[str], *, world: int = 1) 
         critic=config.critic,
         algorithm=config.algorithm,
         plan=plan,
-        total_training_steps=UPDATES,
         seed=3,
         device="cpu",
     )

@@ -152,12 +152,12 @@ def _config_errors(dp_group: Any, sp_group: Any) -> dict[str, str]:
 
 
 def _compute_and_update(role: Any, kind: str, data: Any, dynamic: Any) -> tuple[dict[str, Any], dict[str, float]]:
-    """Forward outputs (fixed and dynamic micro-batches), then one update: ``(outputs, metrics)``."""
+    """Forward outputs (fixed and ``dynamic`` micro-batches), then one update: ``(outputs, metrics)``."""
     if kind == "value":
-        outputs = {"values": role.compute_values(data), "dyn": role.compute_values(dynamic)}
+        outputs = {"values": role.compute_values(data), "dyn": role.compute_values(data, forward=dynamic)}
         return outputs, role.update_critic(data)
     log_probs, entropy = role.compute_log_prob(data, calculate_entropy=True)
-    outputs = {"log_probs": log_probs, "entropy": entropy, "dyn": role.compute_log_prob(dynamic)[0]}
+    outputs = {"log_probs": log_probs, "entropy": entropy, "dyn": role.compute_log_prob(data, forward=dynamic)[0]}
     return outputs, role.update_policy(data)
 
 
@@ -165,6 +165,7 @@ def _run_case(
     rank: int, model_dir: str, data: Any, *, kind: str, attn: str, checkpointing: bool, groups: dict[str, Any]
 ) -> dict[str, Any]:
     """SP run on both ranks, then the non-SP reference on rank 0; returns rank 0's comparisons."""
+    from rlhf_ops.config.batch_plan import ForwardPlan
     from rlhf_ops.config.schema import FSDPConfig
     from workers.fsdp import build_fsdp_model
 
@@ -187,8 +188,7 @@ def _run_case(
         full_logits = model(
             input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
         )
-    dynamic = data.select(meta_info_keys=[])
-    dynamic.meta_info.update({"use_dynamic_bsz": True, "max_token_len": 20})
+    dynamic = ForwardPlan(micro_batch_size_per_rank=3, max_token_len_per_rank=20, use_dynamic_bsz=True)
     sp_out, sp_metrics = _compute_and_update(role, kind, data, dynamic)
     after = _weights(model)
     if rank != 0:
@@ -362,7 +362,6 @@ def _prompts(num: int) -> Any:
     mask = torch.ones_like(ids)
     mask[::2, 0], ids[::2, 0] = 0, 0  # ragged: every other prompt has one left pad
     meta = {"temperature": 1.0, "do_sample": True, "response_length": 6, "eos_token_id": 2, "pad_token_id": 0}
-    meta["recompute_log_prob"] = True
     return DataProto.from_dict(
         {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}, meta_info=meta
     )
@@ -390,6 +389,8 @@ def test_actor_worker_with_sp2_matches_one_rank(tiny_model_dir: str) -> None:
             results[world] = (ref, client.update_actor(batch))
             if world == 2:  # rollout (full sequences, SP off) then the SP recompute of the same samples
                 out = client.generate_sequences(_prompts(4))
+                # The driver sends the collected (SP leader's) samples to both ranks of the SP group.
+                old = client.compute_log_prob(out, temperature=1.0).batch["old_log_probs"]
         finally:
             group.shutdown()
             pool.shutdown()
@@ -401,5 +402,5 @@ def test_actor_worker_with_sp2_matches_one_rank(tiny_model_dir: str) -> None:
     assert metrics1["actor/grad_norm"] > 0
     gen_mask = out.batch["response_mask"].bool()
     assert out.batch["responses"].shape == (4, 6) and gen_mask.any()
-    diff = (out.batch["rollout_log_probs"] - out.batch["old_log_probs"])[gen_mask].abs().max().item()
+    diff = (out.batch["rollout_log_probs"] - old)[gen_mask].abs().max().item()
     assert diff <= 1e-5, diff

@@ -15,7 +15,7 @@ def start_actor_group(
     role: Role = "actor_rollout_ref",
     name: str = "actor_rollout_ref",
     pool_name: str = "test",
-    total_training_steps: int = 10,
+    steps_per_epoch: int = 10,
 ) -> tuple[RayResourcePool, RayWorkerGroup[ActorRolloutRefWorker]]:
     """One rank per ``config.resources.nproc_per_node`` (0.5 CPU each), models initialised."""
     world = config.resources.nproc_per_node
@@ -27,8 +27,7 @@ def start_actor_group(
         ref=config.ref,
         rollout=config.rollout,
         algorithm=config.algorithm,
-        plan=derive_batch_plan(config),
-        total_training_steps=total_training_steps,
+        plan=derive_batch_plan(config, steps_per_epoch=steps_per_epoch),
         pad_token_id=0,
         eos_token_id=2,
         seed=3,

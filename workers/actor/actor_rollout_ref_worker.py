@@ -18,11 +18,12 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from rlhf_ops.config.batch_plan import BatchPlan
+from rlhf_ops.config.batch_plan import BatchPlan, require_optimizer_steps
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
 from rlhf_ops.models.modality import media_token_ids
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from workers.actor.dp_actor import DataParallelPPOActor
 from workers.checkpointing import gather_full_state_dict, load_role_checkpoint, save_role_checkpoint
 from workers.fsdp.lora import adapters_disabled
@@ -34,7 +35,6 @@ from workers.rollout.multi_turn import maybe_multi_turn
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
-from workers.sp.ulysses import broadcast_from_group_leader
 from workers.utils.perf import flops_model, memory_metrics, mfu
 from workers.utils.profiling import StageMonitor, monitored
 
@@ -59,8 +59,7 @@ class ActorRolloutRefSpec:
     ref: RefConfig
     rollout: RolloutConfig
     algorithm: AlgorithmConfig
-    plan: BatchPlan
-    total_training_steps: int
+    plan: BatchPlan  # derived with steps_per_epoch: the LR schedule's length is plan.actor.optimizer_steps
     pad_token_id: int
     eos_token_id: int | tuple[int, ...]  # every id that ends a response (rlhf_ops.models.generation)
     seed: int
@@ -200,8 +199,7 @@ class ActorRolloutRefWorker(Worker):
             module.train(was_training)
 
     def _optimizer_steps(self) -> int:
-        plan = self.spec.plan.actor
-        return max(1, self.spec.total_training_steps * plan.num_mini_batches * plan.ppo_epochs)
+        return require_optimizer_steps(self.spec.plan.actor, role="actor")
 
     def _build_rollout(self) -> RolloutEngine:
         spec, r = self.spec, self.spec.rollout
@@ -247,74 +245,71 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("generate")
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Rollout; with ``meta_info['recompute_log_prob']`` also the actor's teacher-forced ``old_log_probs``.
-
-        The trainer asks for them in their own stage instead (:meth:`compute_log_prob`, skipped when the
-        update is on-policy); the flag stays for callers that want both in one round trip.
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Rollout of ``prompts`` with ``sampling`` (None: the engine's defaults, overridden by sampling keys
+        in ``prompts.meta_info``); ``step`` reseeds the engine from (seed, step) so a resumed run resamples
+        the uninterrupted run's responses. The actor's log-probs are their own stage (:meth:`compute_log_prob`).
         """
         self._need("rollout", "generate_sequences")
         assert self.rollout is not None
+        prompts = prompts.to(self.device)
+        # The engines' contract (workers.rollout.base) reads the call's settings from meta_info.
+        if sampling is not None:
+            prompts.meta_info.update(sampling.to_meta())
+        if step is not None:
+            prompts.meta_info["global_steps"] = step
         if self.sharding_manager is not None:
             with self.sharding_manager:  # syncs the actor's weights into the engine when they changed
-                out = self.rollout.generate_sequences(prompts.to(self.device))
+                out = self.rollout.generate_sequences(prompts)
             timing = dict(out.meta_info.get("timing") or {})
             timing["update_weights"] = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
         else:
-            out = self.rollout.generate_sequences(prompts.to(self.device))
+            out = self.rollout.generate_sequences(prompts)
             timing = dict(out.meta_info.get("timing") or {})
-        if prompts.meta_info.get("recompute_log_prob", False) and self.actor is not None:
-            if self.sp_group is not None:  # SP ranks must forward the same samples: the leader's (collected) ones
-                out = broadcast_from_group_leader(out, group=self.sp_group).to(self.device)
-            start = time.perf_counter()
-            out.meta_info["temperature"] = float(prompts.meta_info.get("temperature", 1.0))
-            old, _ = self.actor.compute_log_prob(out, temperature=out.meta_info["temperature"])
-            out.batch["old_log_probs"] = old  # type: ignore[index]
-            timing["old_log_prob"] = time.perf_counter() - start
         out.meta_info["timing"] = timing
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("old_log_prob")
-    def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (B, R): the actor's log-probs of the responses at ``meta_info['temperature']``."""
+    def compute_log_prob(self, data: DataProto, temperature: float = 1.0, step: int | None = None) -> DataProto:
+        """``old_log_probs`` (B, R): the actor's log-probs of the responses, logits divided by ``temperature``.
+
+        ``step`` only labels the call (profiling); micro-batches follow ``plan.actor.log_prob``.
+        """
         self._need("actor", "compute_log_prob")
         assert self.actor is not None
         start = time.perf_counter()
-        old, _ = self.actor.compute_log_prob(data.to(self.device), temperature=data.meta_info.get("temperature", 1.0))
+        old, _ = self.actor.compute_log_prob(data.to(self.device), temperature=temperature)
         timing = {"old_log_prob": time.perf_counter() - start}
         return DataProto.from_dict({"old_log_probs": old.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("ref")
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` (B, R) under the frozen reference policy."""
+    def compute_ref_log_prob(self, data: DataProto, temperature: float = 1.0, step: int | None = None) -> DataProto:
+        """``ref_log_prob`` (B, R) under the frozen reference policy, micro-batched by ``plan.ref``."""
         self._need("ref", "compute_ref_log_prob")
         assert self.ref is not None
-        data.meta_info.update(
-            {
-                "micro_batch_size": self.spec.ref.log_prob_micro_batch_size_per_gpu,
-                "max_token_len": self.spec.ref.log_prob_max_token_len_per_gpu,
-            }
-        )
         start = time.perf_counter()
         with self._reference_forward():
             log_prob, _ = self.ref.compute_log_prob(
-                data.to(self.device), temperature=data.meta_info.get("temperature", 1.0)
+                data.to(self.device), temperature=temperature, forward=self.spec.plan.ref
             )
         timing = {"ref": time.perf_counter() - start}
         return DataProto.from_dict({"ref_log_prob": log_prob.cpu()}, meta_info={"timing": timing})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("update_actor", report=True)
-    def update_actor(self, data: DataProto) -> DataProto:
-        """One PPO update; returns ``actor/*`` and ``perf/*`` metrics in ``meta_info``."""
+    def update_actor(self, data: DataProto, temperature: float = 1.0, step: int | None = None) -> DataProto:
+        """One PPO update at the rollout ``temperature``, its mini-batch shuffle seeded by ``step`` (None: the
+        count of updates); returns ``actor/*`` and ``perf/*`` metrics in ``meta_info``."""
         self._need("actor", "update_actor")
         assert self.actor is not None
         start = time.perf_counter()
         # fsdp.optimizer_offload: Adam state on the host except from the first optimizer step to the update's end.
         with optimizer_offload(self.actor.optimizer, enabled=self.spec.actor.fsdp.optimizer_offload):
-            metrics = self.actor.update_policy(data.to(self.device))
+            metrics = self.actor.update_policy(data.to(self.device), temperature=temperature, step=step)
         seconds = time.perf_counter() - start
         flops = self.flops.train_flops(self.actor.last_update_seq_lens) / self.actor.sp_size  # SP: 1/sp each
         metrics["perf/mfu/actor"] = mfu(flops=flops, seconds=seconds, device=self.device)

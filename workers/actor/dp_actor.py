@@ -30,15 +30,16 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from rlhf_ops.algorithms import POLICY_LOSSES, PolicyLossFn, agg_loss, kl_penalty, truncated_is_weights
-from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
 from workers.fsdp.optim import clipped_optimizer_step
-from workers.sp.ulysses import check_ulysses_heads, enable_ulysses_attention, sp_world_size, ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, all_reduce, dp_world_size, global_counts
-from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
+from workers.sp.ulysses import ulysses_sequence_parallel
+from workers.utils.dist import MetricAccumulator, all_reduce, global_counts
+from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
+from workers.utils.micro_batch import make_micro_batches, split_mini_batches
 
 __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 
@@ -121,25 +122,17 @@ class DataParallelPPOActor:
         self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
         self.config, self.algorithm, self.plan = config, algorithm, plan
         self.dp_group, self.sp_group, self.seed = dp_group, sp_group, seed
-        self.dp_size, self.sp_size = dp_world_size(dp_group), sp_world_size(sp_group)
-        if self.dp_size != plan.mesh.dp_size:
-            raise ValueError(
-                f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
-                "plan for this world size (derive_batch_plan) or pass the matching dp_group."
-            )
-        if self.sp_size != plan.mesh.sp_size:
-            raise ValueError(
-                f"the sp group has {self.sp_size} ranks but plan.mesh.sp_size is {plan.mesh.sp_size}; pass the "
-                "sp_group of workers.fsdp.mesh.sp_process_groups for actor.ulysses_sequence_parallel_size."
-            )
-        if self.sp_size > 1:
-            if not config.use_remove_padding:
-                raise ValueError(
-                    f"actor.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
-                    "actor.use_remove_padding=True."
-                )
-            check_ulysses_heads(getattr(module, "config", None), self.sp_size)
-            enable_ulysses_attention(module)
+        self.dp_size, self.sp_size = check_parallel_groups(
+            "actor",
+            module,
+            mesh=plan.mesh,
+            dp_group=dp_group,
+            sp_group=sp_group,
+            use_remove_padding=config.use_remove_padding,
+        )
+        # Each micro-batch loss is already divided by the mini-batch's GLOBAL token / sequence count, so the
+        # gradient wanted is the plain sum over ranks; FSDP's reduce-scatter averages over the dp x sp ranks
+        # that hold the shards (SP ranks too: each one backwards its slice of the same rows), so undo that mean.
         self.loss_scale = self.dp_size * self.sp_size
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
@@ -178,14 +171,18 @@ class DataParallelPPOActor:
         )
 
     def compute_log_prob(
-        self, data: DataProto, *, calculate_entropy: bool = False, temperature: float = 1.0
+        self,
+        data: DataProto,
+        *,
+        calculate_entropy: bool = False,
+        temperature: float = 1.0,
+        forward: ForwardPlan | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (B, R) of ``responses`` under the current weights, and entropy (B, R) when asked.
 
-        Micro-batches of ``plan.log_prob_micro_batch_size_per_rank`` rows, or of at most
-        ``plan.log_prob_max_token_len_per_rank`` tokens with dynamic batch size; ``meta_info``'s
-        ``micro_batch_size`` / ``max_token_len`` / ``use_dynamic_bsz`` override the plan (the reference
-        policy uses its own sizes). No gradient. Results are fp32, in the input order, on the input's device.
+        Micro-batches of ``forward`` (default ``plan.log_prob``: ``log_prob_micro_batch_size_per_rank`` rows,
+        or at most ``log_prob_max_token_len_per_rank`` tokens with dynamic batch size; the reference policy
+        passes ``BatchPlan.ref``). No gradient. Results are fp32, in the input order, on the input's device.
         A collective under FSDP: every rank of the group must call it with the same number of micro-batches
         (guaranteed with dynamic batch size; with fixed ones, dispatch equal row counts).
 
@@ -193,29 +190,24 @@ class DataParallelPPOActor:
             data: Holds ``input_ids``, ``attention_mask``, ``position_ids`` (B, T) and ``responses`` (B, R).
             calculate_entropy: Also return the token entropy.
             temperature: Logits are divided by it (the rollout temperature).
+            forward: The micro-batching (None: ``plan.log_prob``).
         """
         _require(data, _FORWARD_KEYS, "compute_log_prob")
-        meta = data.meta_info
-        micro_batches, indices = make_micro_batches(
+        log_probs, entropy = forward_micro_batches(
             data.select(list(_with_media(data, _FORWARD_KEYS))),
-            use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
-            micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
-            max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
+            forward if forward is not None else self.plan.log_prob,
+            lambda micro: self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy),
             dp_group=self.dp_group,
+            sp_group=self.sp_group,
+            out_device=data.tensors["input_ids"].device,
         )
-        log_probs, entropies = [], []
-        with torch.no_grad(), ulysses_sequence_parallel(self.sp_group):
-            for micro in micro_batches:
-                lp, ent = self._forward(micro, temperature=temperature, calculate_entropy=calculate_entropy)
-                log_probs.append(lp)
-                if ent is not None:
-                    entropies.append(ent)
-        out_device = data.batch["input_ids"].device  # type: ignore[index]
-        entropy = restore_order(entropies, indices).to(out_device) if calculate_entropy else None
-        return restore_order(log_probs, indices).to(out_device), entropy
+        assert log_probs is not None
+        return log_probs, entropy
 
     # ------------------------------------------------------------------------------------------- update
-    def update_policy(self, data: DataProto) -> dict[str, float]:
+    def update_policy(
+        self, data: DataProto, *, temperature: float | None = None, step: int | None = None
+    ) -> dict[str, float]:
         """PPO epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation).
 
         Args:
@@ -224,8 +216,10 @@ class DataParallelPPOActor:
                 ``algorithm.use_kl_loss``. ``old_log_probs`` may be absent when :attr:`on_policy`: then the
                 update's own detached log-probs stand in for them (verl, TRL), and with ``rollout_log_probs``
                 present the returned metrics add ``training/rollout_probs_diff_{max,mean}`` of those
-                pre-step log-probs. ``meta_info['temperature']`` (default 1.0) must be the temperature
-                the old log-probs were computed with.
+                pre-step log-probs.
+            temperature: The temperature the old log-probs were computed with (None: ``meta_info``'s, else 1).
+            step: Seeds the mini-batch shuffle with the global step, so a resumed run shuffles as the
+                uninterrupted one (None: ``meta_info['global_steps']``, else the count of updates).
 
         Returns:
             Global metrics (identical on every rank; loss values are mini-batch losses averaged over the
@@ -246,7 +240,8 @@ class DataParallelPPOActor:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
         present = set(data.batch.keys()) if data.batch is not None else set()
-        temperature = float(data.meta_info.get("temperature", 1.0))
+        if temperature is None:
+            temperature = float(data.meta_info.get("temperature", 1.0))
         if "old_log_probs" in present or not self.on_policy:
             keys = (*keys, "old_log_probs")
         elif "rollout_log_probs" in present and temperature == 1.0:
@@ -258,7 +253,7 @@ class DataParallelPPOActor:
             keys = (*keys, "rollout_log_probs")
         _require(data, keys, "update_policy")
         data = data.select(list(_with_media(data, keys)))
-        step_seed = int(data.meta_info.get("global_steps", self._num_updates))
+        step_seed = step if step is not None else int(data.meta_info.get("global_steps", self._num_updates))
         self.module.train()
         acc = MetricAccumulator(self.device)
         tokens, trained, planned, stopped = 0, 0, 0, False
@@ -266,6 +261,8 @@ class DataParallelPPOActor:
         # Open across backward too: activation checkpointing recomputes the Ulysses attention there.
         with ulysses_sequence_parallel(self.sp_group):
             for epoch in range(self.plan.ppo_epochs):
+                # Seeded by (seed, global step, epoch), never by how many updates this process has run: a run
+                # resumed from a checkpoint at step k shuffles step k + 1 exactly as the uninterrupted run did.
                 generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step_seed * 1_009 + epoch)
                 minis = split_mini_batches(
                     data,
@@ -324,6 +321,9 @@ class DataParallelPPOActor:
         )
         kl_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         kl_tokens = torch.zeros((), device=self.device, dtype=torch.float64)
+        # Gradient accumulation: backward per micro-batch, one optimizer step per mini-batch. The loss of each
+        # micro-batch is normalised by the mini-batch's global counts (num_tokens, num_seqs), not its own, so
+        # the accumulated gradient is the same however the mini-batch was split (rows per micro-batch, ranks).
         for micro in micro_batches:
             loss, micro_kl_sum, micro_tokens = self._micro_batch_loss(
                 micro, acc, num_tokens=num_tokens, num_seqs=num_seqs, temperature=temperature

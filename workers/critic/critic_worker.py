@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.batch_plan import PPOPlan, require_optimizer_steps
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, ModelConfig
 from rlhf_ops.protocol import DataProto
@@ -31,8 +31,7 @@ class CriticSpec:
     model: ModelConfig
     critic: CriticConfig
     algorithm: AlgorithmConfig
-    plan: PPOPlan
-    total_training_steps: int
+    plan: PPOPlan  # derived with steps_per_epoch: the LR schedule's length is plan.optimizer_steps
     seed: int
     device: str
     profile_steps: tuple[int, ...] = ()  # trainer.profile_steps
@@ -83,8 +82,7 @@ class CriticWorker(Worker):
             use_liger=spec.model.use_liger,
         )
         optimizer = build_optimizer(module, spec.critic.optim)
-        steps = max(1, spec.total_training_steps * spec.plan.num_mini_batches * spec.plan.ppo_epochs)
-        scheduler = build_lr_scheduler(optimizer, spec.critic.optim, steps)
+        scheduler = build_lr_scheduler(optimizer, spec.critic.optim, require_optimizer_steps(spec.plan, role="critic"))
         self.critic = DataParallelPPOCritic(
             module,
             optimizer,
@@ -107,15 +105,15 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("values")
-    def compute_values(self, data: DataProto) -> DataProto:
-        """``values`` (B, R)."""
+    def compute_values(self, data: DataProto, step: int | None = None) -> DataProto:
+        """``values`` (B, R); ``step`` only labels the call (profiling)."""
         values = self._critic().compute_values(data.to(self.device))
         return DataProto.from_dict({"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("update_critic", report=True)
-    def update_critic(self, data: DataProto) -> DataProto:
-        """One value-function update; ``critic/*`` metrics in ``meta_info``."""
+    def update_critic(self, data: DataProto, step: int | None = None) -> DataProto:
+        """One value-function update; ``critic/*`` metrics in ``meta_info``; ``step`` labels the call."""
         critic = self._critic()
         start = time.perf_counter()
         # fsdp.optimizer_offload: Adam state on the host except from the first optimizer step to the update's end.

@@ -19,13 +19,14 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from rlhf_ops.algorithms import compute_value_loss
-from rlhf_ops.config.batch_plan import PPOPlan
+from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.optim import clipped_optimizer_step
-from workers.sp.ulysses import enable_ulysses_attention, shard_packed, sp_world_size, ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, dp_world_size, global_counts
-from workers.utils.micro_batch import make_micro_batches, restore_order, split_mini_batches
+from workers.sp.ulysses import shard_packed, ulysses_sequence_parallel
+from workers.utils.dist import MetricAccumulator, global_counts
+from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
+from workers.utils.micro_batch import make_micro_batches, split_mini_batches
 from workers.utils.remove_padding import pack_sequences, scatter_response
 
 __all__ = ["DataParallelPPOCritic"]
@@ -77,25 +78,17 @@ class DataParallelPPOCritic:
         self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
         self.config, self.algorithm, self.plan = config, algorithm, plan
         self.dp_group, self.sp_group, self.seed = dp_group, sp_group, seed
-        self.dp_size, self.sp_size = dp_world_size(dp_group), sp_world_size(sp_group)
-        if self.dp_size != plan.mesh.dp_size:
-            raise ValueError(
-                f"the dp group has {self.dp_size} ranks but plan.mesh.dp_size is {plan.mesh.dp_size}; derive the "
-                "plan for this world size (derive_batch_plan) or pass the matching dp_group."
-            )
-        if self.sp_size != plan.mesh.sp_size:
-            raise ValueError(
-                f"the sp group has {self.sp_size} ranks but plan.mesh.sp_size is {plan.mesh.sp_size}; pass the "
-                "sp_group of workers.fsdp.mesh.sp_process_groups for critic.ulysses_sequence_parallel_size."
-            )
-        if self.sp_size > 1:
-            if not config.use_remove_padding:
-                raise ValueError(
-                    f"critic.ulysses_sequence_parallel_size={self.sp_size} shards packed sequences: set "
-                    "critic.use_remove_padding=True."
-                )
-            enable_ulysses_attention(module)
-        self.loss_scale = self.dp_size * self.sp_size  # FSDP averages gradients over dp x sp ranks
+        self.dp_size, self.sp_size = check_parallel_groups(
+            "critic",
+            module,
+            mesh=plan.mesh,
+            dp_group=dp_group,
+            sp_group=sp_group,
+            use_remove_padding=config.use_remove_padding,
+        )
+        # Losses are normalised by global counts, so the wanted gradient is the sum over ranks; FSDP averages
+        # over the dp x sp ranks holding the shards: multiplying by their number undoes that mean (as the actor).
+        self.loss_scale = self.dp_size * self.sp_size
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self.last_update_tokens = 0
 
@@ -128,30 +121,30 @@ class DataParallelPPOCritic:
         )
         return out.logits[:, -response_length - 1 : -1, 0].float()  # (b, R)
 
-    def compute_values(self, data: DataProto) -> Tensor:
+    def compute_values(self, data: DataProto, *, forward: ForwardPlan | None = None) -> Tensor:
         """Values (B, R), zero outside ``response_mask`` (as verl), in input order, on the input's device.
 
-        Micro-batches as ``compute_log_prob`` of the actor (plan's log-prob sizes, ``meta_info`` overrides).
+        Micro-batches as ``compute_log_prob`` of the actor: ``forward``, default ``plan.log_prob``.
 
         Args:
             data: ``input_ids``, ``attention_mask``, ``position_ids`` (B, T), ``responses``, ``response_mask`` (B, R).
         """
         _require(data, (*_FORWARD_KEYS, "response_mask"), "compute_values")
-        meta = data.meta_info
-        micro_batches, indices = make_micro_batches(
+
+        def values(micro: DataProto) -> tuple[Tensor]:
+            assert micro.batch is not None
+            return (self._forward(micro) * micro.batch["response_mask"].to(self.device),)
+
+        [out] = forward_micro_batches(
             data.select([*_FORWARD_KEYS, "response_mask"]),
-            use_dynamic_bsz=meta.get("use_dynamic_bsz", self.plan.use_dynamic_bsz),
-            micro_batch_size=meta.get("micro_batch_size", self.plan.log_prob_micro_batch_size_per_rank),
-            max_token_len=meta.get("max_token_len", self.plan.log_prob_max_token_len_per_rank),
+            forward if forward is not None else self.plan.log_prob,
+            values,
             dp_group=self.dp_group,
+            sp_group=self.sp_group,
+            out_device=data.tensors["input_ids"].device,
         )
-        outputs = []
-        with torch.no_grad(), ulysses_sequence_parallel(self.sp_group):
-            for micro in micro_batches:
-                assert micro.batch is not None
-                mask = micro.batch["response_mask"].to(self.device)
-                outputs.append(self._forward(micro) * mask)
-        return restore_order(outputs, indices).to(data.batch["input_ids"].device)  # type: ignore[index]
+        assert out is not None
+        return out
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Epochs x mini-batches (one optimizer step each) x micro-batches of the clipped value loss.

@@ -27,68 +27,19 @@ mode when temperature != 1 and top-k / top-p are on.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Literal, Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
+from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
+
+__all__ = ["LogprobsMode", "RolloutEngine", "SamplingParams", "build_rollout_output"]
 
 LogprobsMode = Literal["raw", "processed"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SamplingParams:
-    """Sampling settings of one ``generate_sequences`` call."""
-
-    n: int = 1
-    """Samples per prompt (the output has B * n rows). Pass 1 if the caller already repeated the batch."""
-    temperature: float = 1.0
-    """Divides the logits before sampling; 0 means greedy (vLLM's convention)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]; 1 disables it."""
-    top_k: int = -1
-    """Keep the k most likely tokens; -1 or 0 disables it (vLLM uses -1, HF uses 0)."""
-    do_sample: bool = True
-    """False: greedy argmax of the raw logits (temperature, top-k and top-p ignored)."""
-    response_length: int = 16
-    """R: max new tokens; responses are padded to exactly R columns."""
-    eos_token_id: int | tuple[int, ...] = 2
-    """Id(s) that end a response; the first one is kept and masked in, later columns are padding."""
-    pad_token_id: int = 0
-    """Id written after the first EOS (and its mask is 0)."""
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n={self.n} must be >= 1 (samples per prompt).")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy).")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling.")
-        if self.top_k < -1:
-            raise ValueError(f"top_k={self.top_k} must be >= 1, or -1 / 0 to disable it.")
-        if self.response_length < 1:
-            raise ValueError(f"response_length={self.response_length} must be >= 1 (max new tokens).")
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding takes the argmax (``do_sample=False`` or ``temperature == 0``)."""
-        return not self.do_sample or self.temperature == 0
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        """``eos_token_id`` as a tuple."""
-        return (self.eos_token_id,) if isinstance(self.eos_token_id, int) else tuple(self.eos_token_id)
-
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams:
-        """Returns ``defaults`` overridden by the sampling keys present in ``meta`` (a ``meta_info``)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        overrides: dict[str, Any] = {k: v for k, v in meta.items() if k in names}
-        if isinstance(overrides.get("eos_token_id"), Sequence):
-            overrides["eos_token_id"] = tuple(overrides["eos_token_id"])
-        return dataclasses.replace(defaults, **overrides)
 
 
 @runtime_checkable
@@ -110,3 +61,38 @@ class RolloutEngine(Protocol):
     def resume(self) -> None:
         """Re-acquires what :meth:`release` freed, before the next rollout."""
         ...
+
+
+def build_rollout_output(
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    responses: Tensor,
+    response_mask: Tensor,
+    log_probs: Tensor,
+    columns: Mapping[str, np.ndarray],
+    n: int,
+    pixel_values: Tensor | None = None,
+) -> DataProto:
+    """The output both engines return (keys in the module docstring), from rows already repeated n times.
+
+    Args:
+        prompt_ids: (B*n, P) left-padded prompts; prompt_mask: (B*n, P).
+        responses: (B*n, R) right-padded; response_mask: (B*n, R) 1 up to and including the first EOS.
+        log_probs: (B*n, R) float32 of the sampled tokens (masked to 0 here).
+        columns: the request's non-tensor columns, B rows each (repeated n times here, like the tensors).
+        n: samples per prompt.
+        pixel_values: (B*n, k, C, H, W) images of a vision-language batch, else None.
+    """
+    full = build_full_sequence(prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask)
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs * response_mask,
+        **full,
+    }
+    if pixel_values is not None:
+        tensors["pixel_values"] = pixel_values
+    repeated = {k: np.repeat(v, n, axis=0) for k, v in columns.items()}
+    return DataProto.from_dict(tensors, non_tensors=repeated)

@@ -21,13 +21,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlhf_ops.padding import build_full_sequence, get_response_mask
+from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import LogprobsMode, SamplingParams
+from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output
 from workers.rollout.sampling import sample_next_tokens
 
 
@@ -129,22 +128,18 @@ class HFRollout:
                 )
         finally:
             self.module.train(was_training)
-        response_mask = get_response_mask(responses, eos_token_id=params.eos_ids)
-        full = build_full_sequence(
-            input_ids, prompt_mask=attention_mask, responses=responses, response_mask=response_mask
+        out = build_rollout_output(
+            input_ids,
+            attention_mask,
+            responses=responses,
+            response_mask=get_response_mask(responses, eos_token_id=params.eos_ids),
+            log_probs=logprobs,
+            columns=prompts.non_tensor_batch,
+            n=params.n,
+            pixel_values=pixel_values,
         )
-        tensors = {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "rollout_log_probs": logprobs * response_mask,
-            **full,
-        }
-        if pixel_values is not None:
-            tensors["pixel_values"] = pixel_values
-        columns = {k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensor_batch.items()}
-        timing = {"generate_sequences": time.perf_counter() - start}
-        return DataProto.from_dict(tensors, non_tensors=columns, meta_info={"timing": timing})
+        out.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
+        return out
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copies (name, tensor) pairs into the module's parameters and buffers, in place.

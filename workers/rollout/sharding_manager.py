@@ -235,6 +235,9 @@ class FSDPShardingManager:
         with torch.no_grad():
             for item in self._plan:
                 item_bytes = self._item_bytes(item, params)
+                # Gather (all-gather of FSDP shards, on every rank) until the next tensor would overflow the
+                # bucket, then hand the bucket over and drop it: the trainer's extra memory is one bucket, not a
+                # full copy of the model, while each collective still moves bucket_bytes rather than one tensor.
                 if bucket and size + item_bytes > self.bucket_bytes:
                     yield from self._flush(bucket, size, stats)
                     size = 0

@@ -38,9 +38,9 @@ import torch
 from torch import Tensor
 
 from rlhf_ops.config.schema import RolloutConfig
-from rlhf_ops.padding import build_full_sequence, get_response_mask
+from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import LogprobsMode, SamplingParams
+from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -225,19 +225,15 @@ class VLLMRollout:
         valid = torch.arange(params.response_length, device=responses.device) < lengths.unsqueeze(-1)  # (B*n, R)
         # Equal to HFRollout's mask: a row stops at its first EOS or at R; `valid` only matters if vLLM ever
         # ended a row early for another reason (then its padding must not count).
-        response_mask = get_response_mask(responses, eos_token_id=params.eos_ids) * valid
-        full = build_full_sequence(
-            input_ids, prompt_mask=attention_mask, responses=responses, response_mask=response_mask
+        out = build_rollout_output(
+            input_ids,
+            attention_mask,
+            responses=responses,
+            response_mask=get_response_mask(responses, eos_token_id=params.eos_ids) * valid,
+            log_probs=logprobs,
+            columns=batch.non_tensor_batch,
+            n=params.n,
         )
-        tensors = {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "rollout_log_probs": logprobs * response_mask,
-            **full,
-        }
-        columns = {k: np.repeat(v, params.n, axis=0) for k, v in batch.non_tensor_batch.items()}
-        out = DataProto.from_dict(tensors, non_tensors=columns)
         out = self._own_rows(out, sizes, n=params.n, local_rows=local_rows)
         out.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
         return out

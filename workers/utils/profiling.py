@@ -127,7 +127,10 @@ class StageMonitor:
         return out
 
 
-def _step_of(args: tuple[Any, ...]) -> int | None:
+def _step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The call's ``step`` argument, else the first ``DataProto``'s ``meta_info['global_steps']``."""
+    if kwargs.get("step") is not None:
+        return int(kwargs["step"])
     for arg in args:
         if isinstance(arg, DataProto):
             step = arg.meta_info.get("global_steps")
@@ -138,7 +141,8 @@ def _step_of(args: tuple[Any, ...]) -> int | None:
 def monitored(stage: str, *, report: bool = False) -> Callable[[F], F]:
     """Runs a worker method under ``self.monitor.stage(stage, step=...)`` (a no-op before ``self.monitor`` exists).
 
-    Place it under ``@register`` (closest to the ``def``); the step comes from the first ``DataProto`` argument.
+    Place it under ``@register`` (closest to the ``def``); the step is the call's ``step`` keyword argument (or
+    the first ``DataProto`` argument's ``meta_info['global_steps']``).
     With ``report``, the method's last stage of the step for its role, the peaks of every stage since the last
     report (this one included) are added to the returned ``DataProto``'s ``meta_info["metrics"]``.
     """
@@ -149,7 +153,7 @@ def monitored(stage: str, *, report: bool = False) -> Callable[[F], F]:
             monitor: StageMonitor | None = getattr(self, "monitor", None)
             if monitor is None:
                 return fn(self, *args, **kwargs)
-            with monitor.stage(stage, step=_step_of(args)):
+            with monitor.stage(stage, step=_step_of(args, kwargs)):
                 out = fn(self, *args, **kwargs)
             if report and isinstance(out, DataProto):
                 out.meta_info["metrics"] = {**(out.meta_info.get("metrics") or {}), **monitor.pop_metrics()}

@@ -1,0 +1,42 @@
+"""The launcher's role table: which worker groups a config starts, with which sections of the config."""
+
+from __future__ import annotations
+
+from rlhf_ops.config import derive_batch_plan, load_config
+from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
+from workers.critic.critic_worker import CriticWorker
+from workers.launcher import role_table
+from workers.reward_model.reward_model_worker import RewardModelWorker
+
+
+def _rows(overrides: list[str]) -> list[tuple[str, type, object]]:
+    config = load_config("tiny-cpu", overrides)
+    plan = derive_batch_plan(config, steps_per_epoch=4)
+    rows = role_table(
+        config, plan, model_path="/m", pad_token_id=0, eos_token_id=(2,), profile_steps=(), profile_dir="/p"
+    )
+    return [(name, cls, spec) for name, cls, spec in rows]
+
+
+def test_grpo_with_a_kl_loss_starts_only_the_actor_rollout_ref_group() -> None:
+    [(name, cls, spec)] = _rows([])
+    assert (name, cls) == ("actor_rollout_ref", ActorRolloutRefWorker)
+    assert spec.plan.actor.optimizer_steps == 8 * 2  # type: ignore[attr-defined]  # 4 x 2 epochs, 2 mini-batches
+
+
+def test_ppo_with_a_reward_model_starts_three_groups_and_the_rm_has_its_own_fsdp_section() -> None:
+    overrides = [
+        "algorithm.adv_estimator=gae",
+        "algorithm.use_kl_loss=false",
+        "reward.model_path=/rm",
+        "reward.fsdp.reshard_after_forward=false",
+    ]
+    rows = _rows(overrides)
+    assert [(name, cls) for name, cls, _ in rows] == [
+        ("actor_rollout", ActorRolloutRefWorker),  # no KL anywhere: no reference part
+        ("critic", CriticWorker),
+        ("reward_model", RewardModelWorker),
+    ]
+    rm = rows[2][2]
+    assert rm.fsdp.reshard_after_forward is False  # type: ignore[attr-defined]
+    assert load_config("tiny-cpu", overrides).ref.fsdp.reshard_after_forward is True  # not borrowed from ref
