@@ -7,7 +7,7 @@ import torch
 
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import compute_data_metrics
-from rlhf_ops.trainer.ppo_trainer import _gen_keys
+from rlhf_ops.trainer.generation import gen_keys
 from rlhf_ops.trainer.reward import decode_responses
 
 
@@ -35,7 +35,7 @@ def _batch() -> DataProto:
 
 
 def test_generation_keys_keep_the_counters() -> None:
-    keys = _gen_keys(_batch())
+    keys = gen_keys(_batch())
     assert {"num_turns", "tool_call_counts", "tool_errors", "tool_timeouts", "truncated"} <= set(keys)
 
 
