@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from rlhf_ops.protocol import DataProto
-from rlhf_ops.trainer.metrics import compute_data_metrics
 from rlhf_ops.trainer.generation import gen_keys
+from rlhf_ops.trainer.metrics import compute_data_metrics
 from rlhf_ops.trainer.reward import decode_responses
 
 
