@@ -103,6 +103,12 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
     # The downstream DAG scheduled on rlhf_ppo.champion must be known; its bundle row first (a foreign key).
     DagBundlesManager().sync_bundles_to_db()
     sync_bag_to_db(bag, "dags-folder", None)
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:  # new DAGs start paused, and a paused DAG is not queued by its Assets
+        session.execute(update(DagModel).where(DagModel.dag_id == "rlhf_champion_report").values(is_paused=False))
     dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)
     return {"dag_run": dag_run, "xcom": lambda task, key="return_value": _xcom(dag_run.run_id, task, key)}
 
