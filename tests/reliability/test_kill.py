@@ -114,7 +114,7 @@ def test_rlhf_train_killed_at_a_random_step_resumes_with_no_lost_or_repeated_ste
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     seconds = _wait_gone(token, proc.pid, BOUND_S)
-    from rlhf_ops.checkpoint.manifest import read_latest
+    from rlhf_ops.storage.manifest import read_latest
 
     committed = read_latest(run_dir) or 0
     logged = len(_records(run_dir))
