@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from rlhf_ops.checkpoint.manager import CheckpointManager, CheckpointWriteError
-from rlhf_ops.storage.manifest import MANIFEST_NAME, read_latest, verify_checkpoint, write_manifest
 from rlhf_ops.storage import SyncError, find_latest_remote, sync_checkpoint
+from rlhf_ops.storage.manifest import MANIFEST_NAME, read_latest, verify_checkpoint, write_manifest
 from tests.reliability.conftest import Figures
 from tests.support.fault_proxy import FaultProxy
 from tests.support.moto_server import MotoServer, running_moto_server
