@@ -273,8 +273,8 @@ def test_rest_api_trigger_with_param_overrides_runs_to_success(stack: Stack, dag
     run_id = run["dag_run_id"]
     states = _task_states(stack, run_id)
     # promote_champion is skipped when an earlier run of this stack left a champion this one does not beat
-    assert {s for t, s in states.items() if t != "promote_champion"} == {"success"}, states
-    assert states["promote_champion"] in ("success", "skipped"), states
+    assert {s for t, s in states.items() if t != "promote_champion[-1]"} == {"success"}, states
+    assert states["promote_champion[-1]"] in ("success", "skipped"), states
     assert "evaluate.evaluate_checkpoint[0]" in states and "evaluate.evaluate_checkpoint[1]" not in states
     assert _xcom(stack, run_id, "plan_evaluations") == [2]  # the only checkpoint: the last step's
     # the overrides reached the training job: resolved config logged as params, metrics at steps 1 and 2
@@ -484,7 +484,9 @@ def test_trigger_form_in_chromium_runs_to_success(stack: Stack, dag_ready: None,
         assert run["conf"]["overrides"] == UI_OVERRIDES and run["conf"]["preset"] == "tiny-cpu"  # a default
         assert run["conf"]["remote_store_url"] == stack.remote_root.as_uri()  # fixed after the refusal
         states = _task_states(stack, run_id)
-        assert set(states.values()) == {"success"}, states
+        # the REST test's run may already hold the champion: this one then ties and promote_champion is skipped
+        assert {s for t, s in states.items() if t != "promote_champion[-1]"} == {"success"}, states
+        assert states["promote_champion[-1]"] in ("success", "skipped"), states
         params, steps = _mlflow_params_and_steps(stack, _xcom(stack, run_id, "start_tracking", "mlflow_run_id"))
         assert (params["trainer.total_training_steps"], params["rollout.n"], steps) == ("2", "4", [1, 2])
         remote = stack.remote_root / DAG_ID / _xcom(stack, run_id, "preflight", "layout")["run_key"]
