@@ -15,6 +15,7 @@ should also run workers in a container without network (docs/multi_turn.md).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -142,6 +143,11 @@ class PythonSandboxTool:
             except subprocess.TimeoutExpired as err:
                 state.tool_timeouts += 1  # counted here: run_tool sees a ToolError, not its own timeout
                 raise ToolError(f"the program ran past {self.limits.timeout_s:g} s and was stopped") from err
+        if done.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+            # The CPU ceiling (RLIMIT_CPU = the wall limit, rounded up) fired first: a busy loop on an idle core
+            # uses CPU as fast as wall time, so this race is the same time limit, reported the same way.
+            state.tool_timeouts += 1
+            raise ToolError(f"the program ran past {self.limits.timeout_s:g} s and was stopped")
         out = (done.stdout + done.stderr).strip()
         limit = self.limits.max_output_chars
         if len(out) > limit:
