@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # What each preset's run must show in its metrics: the estimator's own losses and the KL placement.
 EXPECTED = {
     "qwen2.5-0.5b-grpo-gpu": ("actor/pg_loss", "actor/kl_loss"),  # GRPO, KL as a loss, no critic
-    "qwen2.5-7b-ppo-gpu": ("actor/pg_loss", "critic/vf_loss", "actor/kl_coef"),  # GAE + critic, KL in reward
+    # GAE + critic, KL in the reward (verl's metric names)
+    "qwen2.5-7b-ppo-gpu": ("actor/pg_loss", "critic/vf_loss", "actor/reward_kl_penalty_coeff"),
 }
 
 

@@ -85,6 +85,11 @@ def test_smollm2_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
         "rollout.multi_turn.max_tool_response_tokens=32",
         "rollout.max_new_tokens=160",
         "data.max_prompt_length=512",
+        # 672-token rows: the preset's micro-batches of 8 / 16 peak above what 2 ranks may use here (Ray's
+        # memory monitor killed a rank at 95% of 24 GiB); smaller micro-batches give the same step.
+        "actor.ppo_micro_batch_size_per_gpu=2",
+        "actor.log_prob_micro_batch_size_per_gpu=4",
+        "ref.log_prob_micro_batch_size_per_gpu=4",
         *_common(tmp_path, "smollm2", 2),
     ]
     start = time.perf_counter()

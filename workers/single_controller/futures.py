@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError
 
 __all__ = ["GroupFuture", "WorkerGroupError", "wait_all"]
 
@@ -205,7 +205,16 @@ def _raise_failure(
         _fetch(ready, owner)
     call.abort()
     failures = {rank: v.error for rank, v in call.values.items() if isinstance(v, _Failure)}
-    # A dead process is the root cause; peers usually fail only because their connection to it broke.
-    died = [rank for rank, err in failures.items() if isinstance(err, RayActorError)]
-    rank = min(died) if died else min(failures)
+    rank = root_cause_rank(failures)
     raise WorkerGroupError(call.role, rank, call.method, failures[rank], failures) from failures[rank]
+
+
+def root_cause_rank(failures: dict[int, BaseException]) -> int:
+    """The rank whose error explains the others: the lowest rank whose process died (RayActorError) or was
+    killed by Ray's memory monitor (OutOfMemoryError), else the lowest failed rank.
+
+    Peers of a dead rank usually fail only because their collective's connection to it broke (gloo's
+    "Connection closed by peer"), which names no cause.
+    """
+    died = [rank for rank, err in failures.items() if isinstance(err, (RayActorError, OutOfMemoryError))]
+    return min(died) if died else min(failures)
