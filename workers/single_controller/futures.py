@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError
 
-__all__ = ["GroupFuture", "WorkerGroupError", "wait_all"]
+__all__ = ["GroupFuture", "WorkerGroupError", "root_cause_rank", "wait_all"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
