@@ -15,8 +15,10 @@ submodules: ``my_pkg`` allows ``my_pkg`` and ``my_pkg.rewards``, not ``my_pkg_ev
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -67,3 +69,53 @@ def check_code_allowed(module: str, *, what: str) -> None:
         f"use a built-in, or ask the platform operator to add its package to {ALLOWED_MODULES_ENV} or to "
         f"allowed_code_modules in the platform file (${PLATFORM_CONFIG_ENV}, default {DEFAULT_PLATFORM_CONFIG})"
     )
+
+
+def split_dotted(spec: str) -> tuple[str, str]:
+    """``(module, attribute path)`` of ``"pkg.module:attr"`` or ``"pkg.module.attr"`` (either part may be empty).
+
+    After a ``:`` the attribute path may itself be dotted (``"pkg.mod:Class.method"``); without one the last
+    dotted name is the attribute.
+    """
+    module, _, attr_path = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    return module, attr_path
+
+
+def import_dotted(spec: str, *, what: str, example: str, builtins: list[str] | None = None) -> Any:
+    """The object a dotted-path spec names, imported only when its module is on the allow-list.
+
+    The one resolver of user-named code (reward functions, rollout tools and interactions), so every kind
+    goes through :func:`check_code_allowed` before its module runs.
+
+    Args:
+        spec: ``"pkg.module:attr"`` or ``"pkg.module.attr"`` (see :func:`split_dotted`).
+        what: How messages name the thing, e.g. ``"reward function"`` or ``"rollout.multi_turn.tools: tool"``.
+        example: The spelling the fixes suggest, e.g. ``"package.module:function"``.
+        builtins: Built-in names listed when ``spec`` is not a dotted path (None lists none).
+
+    Raises:
+        ValueError: one line naming ``spec`` and the fix when it is not dotted, its module is not allowed
+            (:class:`CodeNotAllowedError`) or cannot be imported, or the attribute is missing.
+    """
+    module_name, attr_path = split_dotted(spec)
+    if not module_name or not attr_path:
+        listed = f" ({builtins})" if builtins is not None else ""
+        raise ValueError(
+            f"{what} {spec!r} is neither a built-in{listed} nor a dotted path; use a built-in name or {example!r}."
+        )
+    check_code_allowed(module_name, what=f"{what} {spec!r}")  # importing runs the module: the operator's list
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(
+            f"{what} {spec!r}: cannot import module {module_name!r} ({err}); install the package or put it on "
+            f"PYTHONPATH of every worker, or fix the spelling ({example!r})."
+        ) from err
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(
+                f"{what} {spec!r}: module {module_name!r} has no attribute {attr_path!r}; fix the name after the "
+                f"module ({example!r})."
+            )
+        obj = getattr(obj, part)
+    return obj

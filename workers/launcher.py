@@ -94,12 +94,14 @@ def role_table(
         )
         rows.append(("critic", CriticWorker, critic))
     if config.reward.model_path is not None:
+        assert plan.reward_model is not None
         reward_model = RewardModelSpec(
             model_path=config.reward.model_path,
             micro_batch_size=config.reward.micro_batch_size_per_gpu,
             dtype=config.model.dtype,
             attn_implementation=config.model.attn_implementation,
             fsdp=config.reward.fsdp,
+            mesh=plan.reward_model,
             device=res.device,
         )
         rows.append(("reward_model", RewardModelWorker, reward_model))

@@ -3,12 +3,13 @@
 ``rollout.multi_turn.tools`` lists specs: ``"calculator"`` (a key of :data:`BUILTIN_TOOLS`), ``"python"``
 (the sandboxed executor, supplied by the worker layer as an extra built-in), or ``"my_pkg.tools:MyTool"`` /
 ``"my_pkg.tools.MyTool"``. A spec resolves to a :class:`~rlhf_ops.agent.tools.Tool` instance, or to a class
-or factory called with no arguments (or with ``limits=`` when it accepts it) that returns one.
+or factory called with no arguments (or with ``limits=`` when it accepts it) that returns one. A dotted path
+is imported only when its module is on the operator's allow-list, like a reward function's
+(:func:`rlhf_ops.code_policy.import_dotted`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,34 +17,13 @@ from typing import Any
 from rlhf_ops.agent.calculator import CalculatorTool
 from rlhf_ops.agent.interaction import AnswerFeedback, Interaction
 from rlhf_ops.agent.tools import Tool, ToolLimits
+from rlhf_ops.code_policy import import_dotted
 
 BUILTIN_TOOLS: dict[str, Callable[..., Tool]] = {"calculator": CalculatorTool}
 BUILTIN_INTERACTIONS: dict[str, Callable[..., Interaction]] = {"answer_feedback": AnswerFeedback}
 WORKER_BUILTIN_TOOLS = ("python",)
 """Built-in names the worker layer supplies (``workers.tools``): valid in config, resolved there."""
-
-
-def resolve_dotted(spec: str, *, what: str, key: str) -> Any:
-    """The object a ``"pkg.module:attr"`` or ``"pkg.module.attr"`` spec names.
-
-    Raises:
-        ValueError: naming ``key`` and the fix, when the module or the attribute is missing.
-    """
-    module_name, _, attr_path = spec.partition(":") if ":" in spec else spec.rpartition(".")
-    if not module_name or not attr_path:
-        raise ValueError(f"{key}: {what} {spec!r} is neither a built-in nor a dotted path; use 'package.module:Name'.")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(
-            f"{key}: {what} {spec!r}: cannot import {module_name!r} ({err}); put the package on every worker's "
-            "PYTHONPATH or fix the spelling ('package.module:Name')."
-        ) from err
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{key}: {what} {spec!r}: {module_name!r} has no attribute {attr_path!r}; fix the name.")
-        obj = getattr(obj, part)
-    return obj
+_EXAMPLE = "package.module:Name"
 
 
 def _instantiate(obj: Any, limits: ToolLimits) -> Any:
@@ -70,10 +50,10 @@ def load_tools(
     Raises:
         ValueError: on an unresolvable spec, an object that is not a tool, or two tools with one name.
     """
-    builtins = {**BUILTIN_TOOLS, **(extra_builtins or {})}
+    key, builtins = "rollout.multi_turn.tools", {**BUILTIN_TOOLS, **(extra_builtins or {})}
     tools: dict[str, Tool] = {}
     for spec in specs:
-        obj = builtins[spec] if spec in builtins else resolve_dotted(spec, what="tool", key="rollout.multi_turn.tools")
+        obj = builtins[spec] if spec in builtins else import_dotted(spec, what=f"{key}: tool", example=_EXAMPLE)
         tool = _instantiate(obj, limits)
         if not isinstance(tool, Tool):
             raise ValueError(
@@ -96,7 +76,7 @@ def load_interaction(spec: str | None) -> Interaction | None:
         return None
     key = "rollout.multi_turn.interaction"
     builtin = BUILTIN_INTERACTIONS.get(spec)
-    obj = builtin if builtin is not None else resolve_dotted(spec, what="interaction", key=key)
+    obj = builtin if builtin is not None else import_dotted(spec, what=f"{key}: interaction", example=_EXAMPLE)
     interaction = obj() if inspect.isclass(obj) else obj
     if not isinstance(interaction, Interaction):
         raise ValueError(f"{key}: {spec!r} gave a {type(interaction).__name__} without respond(model_text, state).")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rlhf_ops.config.schema import ActorConfig, CriticConfig, RunConfig, TrainerConfig
+from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig, TrainerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +79,8 @@ class BatchPlan:
     """Training batches per epoch (the loader drops the last partial one); None: not given."""
     total_steps: int | None = None
     """Training steps of the run (:func:`total_training_steps`); None without ``steps_per_epoch``."""
+    reward_model: MeshPlan | None = None
+    """The reward model's FSDP mesh (``reward.fsdp``, all ranks, no sp); None without ``reward.model_path``."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -92,6 +94,12 @@ def require_optimizer_steps(plan: PPOPlan, *, role: str) -> int:
             "derive_batch_plan(config, steps_per_epoch=len(train_loader))"
         )
     return plan.optimizer_steps
+
+
+def replicate_size(fsdp: FSDPConfig, *, world_size: int) -> int:
+    """HSDP replica groups of a role's FSDP mesh: ``fsdp.fsdp_size`` (shard-group size, verl's name) and
+    ``fsdp.hsdp_replicate_size`` describe the same mesh (validation refuses both at once)."""
+    return world_size // fsdp.fsdp_size if fsdp.fsdp_size > 0 else fsdp.hsdp_replicate_size
 
 
 def _mesh(world_size: int, sp: int, replicate: int) -> MeshPlan:
@@ -121,9 +129,7 @@ def _ppo_plan(
     total_steps: int | None,
 ) -> PPOPlan:
     sp = cfg.ulysses_sequence_parallel_size
-    # fsdp.fsdp_size (shard-group size, verl's name) and hsdp_replicate_size describe the same mesh.
-    replicate = world_size // cfg.fsdp.fsdp_size if cfg.fsdp.fsdp_size > 0 else cfg.fsdp.hsdp_replicate_size
-    mesh = _mesh(world_size, sp, replicate)
+    mesh = _mesh(world_size, sp, replicate_size(cfg.fsdp, world_size=world_size))
     mini = cfg.ppo_mini_batch_size * n
     per_rank = mini // mesh.dp_size
     micro = min(cfg.ppo_micro_batch_size_per_gpu, per_rank)
@@ -193,4 +199,7 @@ def derive_batch_plan(run: RunConfig, *, steps_per_epoch: int | None = None) -> 
         ),
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
+        reward_model=None
+        if run.reward.model_path is None
+        else _mesh(world, 1, replicate_size(run.reward.fsdp, world_size=world)),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlhf_ops.code_policy import split_dotted
 from rlhf_ops.config.errors import ConfigProblem
 
 BUILTIN_TOOL_NAMES = ("calculator", "python")
@@ -39,7 +40,7 @@ class MultiTurnConfig(BaseModel):
 def _spec_problem(key: str, spec: str, builtins: tuple[str, ...]) -> ConfigProblem | None:
     if spec in builtins:
         return None
-    module, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    module, attr = split_dotted(spec)
     names = [*module.split("."), *attr.split(".")]
     if module and attr and all(n.isidentifier() for n in names):
         return None

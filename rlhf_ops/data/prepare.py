@@ -34,20 +34,18 @@ import re
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlhf_ops.data.row_text import data_source_problem, text_problem
-from rlhf_ops.data.toy_tasks import make_toy_dataset
-from rlhf_ops.storage.stores import SUPPORTED_SCHEMES, open_store, url_scheme
+from rlhf_ops.data.sources import RawRow, Reject, iter_source, open_fs
 from rlhf_ops.storage.stores import redact_url as _redact
 
 logger = logging.getLogger(__name__)
@@ -56,11 +54,8 @@ FIELDS = ("prompt", "ground_truth", "data_source", "extra_info", "ability")
 IMAGES_FIELD = "images"  # optional: encoded images, one "<image>" placeholder each (rlhf_ops.data.images)
 TRAIN_FILE, VAL_FILE, REJECTED_FILE, MANIFEST_FILE = "train.parquet", "val.parquet", "rejected.jsonl", "manifest.json"
 _URLS = {"train_url": TRAIN_FILE, "val_url": VAL_FILE, "rejected_url": REJECTED_FILE, "manifest_url": MANIFEST_FILE}
-BUILTIN_TOY_ROWS = 512  # rows of a builtin toy source without ``limit`` (DataConfig.toy_rows' default)
 _VERL_GROUND_TRUTH = "reward_model.ground_truth"
 _REPR_LIMIT = 500
-_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
-_HIDDEN = re.compile(r"/[._]")  # a path component that starts with "." or "_"
 _RUN_ID = re.compile(r"[A-Za-z0-9._:+=@-]{1,200}")
 _MISSING: Any = object()
 Prompt = str | list[dict[str, str]]
@@ -131,80 +126,14 @@ class PrepareResult(BaseModel):
     rejected_fraction: float
 
 
-class _Reject(Exception):
-    """A rejected row: ``args == (kind, reason)``."""
-
-
-class _Raw(NamedTuple):
-    source: str  # URL of the file (shard) the row came from
-    row_index: int  # row index, or JSONL line index, within ``source`` (0-based)
-    row: Any  # the parsed row, or the raw line when ``error`` is set
-    error: _Reject | None = None
-
-
 @dataclass
 class _Candidate:
-    raw: _Raw
+    raw: RawRow
     split: str | None  # "val" for val_source rows; None: the hash decides
     split_key: str  # the raw prompt as text
     prompt: Prompt
     columns: dict[str, Any]  # ground_truth, data_source, extra_info, ability, reward_model
     images: list[bytes] | None = None  # encoded images, each checked to decode
-
-
-def _open_fs(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    if url_scheme(url) in SUPPORTED_SCHEMES:  # S3 endpoint/region from the environment, botocore retries
-        return open_store(url, storage_options=storage_options)
-    fs, path = url_to_fs(url, **dict(storage_options or {}))
-    return fs, str(path).rstrip("/")
-
-
-def _file_kind(path: str) -> str | None:
-    name = path.lower()
-    name = next((name.removesuffix(c) for c in _COMPRESSIONS if name.endswith(c)), name)
-    return next((kind for kind in ("parquet", "jsonl", "json") if name.endswith(f".{kind}")), None)
-
-
-def _iter_file(fs: Any, path: str, source: str) -> Iterator[_Raw]:
-    if _file_kind(path) == "parquet":
-        with fs.open(path, "rb") as f:  # to_pylist: plain lists and dicts, no numpy arrays
-            rows = (r for batch in pq.ParquetFile(f).iter_batches(batch_size=4096) for r in batch.to_pylist())
-            yield from (_Raw(source, i, row) for i, row in enumerate(rows))
-        return
-    with fs.open(path, "rb", compression="infer") as f:
-        for i, line in enumerate(f):
-            if line.strip():
-                try:
-                    yield _Raw(source, i, json.loads(line.decode("utf-8")))
-                except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, [[[...]]] nesting
-                    text = line.decode("utf-8", errors="replace").rstrip("\n")
-                    yield _Raw(source, i, text, _Reject("invalid_json", f"line {i} is not UTF-8 JSON: {exc}"))
-
-
-def _iter_url(url: str, spec: PrepareSpec, storage_options: Mapping[str, Any] | None) -> Iterator[_Raw]:
-    if url.startswith("builtin:"):
-        rows = make_toy_dataset(url.removeprefix("builtin:"), num_rows=spec.limit or BUILTIN_TOY_ROWS, seed=spec.seed)
-        yield from (_Raw(url, i, row) for i, row in enumerate(rows))
-        return
-    fs, path = _open_fs(url, storage_options)
-    if not fs.exists(path):
-        raise ValueError(f"source {_redact(url)!r} does not exist; check the URL and the store's credentials")
-    if not fs.isdir(path):
-        if _file_kind(path) is None:
-            raise ValueError(f"source {_redact(url)!r} must end in .parquet, .jsonl or .json (optionally compressed)")
-        yield from _iter_file(fs, path, url)
-    elif fs.exists(f"{path}/state.json"):  # Dataset.save_to_disk (for a DatasetDict, point at one split)
-        from datasets import load_from_disk
-
-        dataset = load_from_disk(url, storage_options=dict(storage_options) if storage_options else None)
-        yield from (_Raw(url, i, dict(row)) for i, row in enumerate(dataset))
-    else:  # shards in name order; skips .json files (often metadata) and hidden or _-prefixed paths (partial output)
-        rel = {p: p[len(path) :] for p in fs.find(path)}
-        shards = sorted(p for p, r in rel.items() if _file_kind(r) in ("parquet", "jsonl") and not _HIDDEN.search(r))
-        if not shards:
-            raise ValueError(f"source {_redact(url)!r}: no *.parquet / *.jsonl shards, not an HF Dataset folder")
-        for shard in shards:
-            yield from _iter_file(fs, shard, fs.unstrip_protocol(shard))
 
 
 def _lookup(row: Row, path: str) -> Any:
@@ -221,10 +150,10 @@ def _lookup(row: Row, path: str) -> Any:
 
 def _message(message: Any, i: int) -> dict[str, str]:
     if not isinstance(message, dict) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
-        raise _Reject("wrong_type", f"prompt message {i} is not a {{'role': str, 'content': str}} object")
+        raise Reject("wrong_type", f"prompt message {i} is not a {{'role': str, 'content': str}} object")
     extra = sorted(k for k, v in message.items() if k not in ("role", "content") and v is not None)
     if extra:
-        raise _Reject("wrong_type", f"prompt message {i} has keys {extra}; only role and content are supported")
+        raise Reject("wrong_type", f"prompt message {i} has keys {extra}; only role and content are supported")
     return {"role": message["role"], "content": message["content"]}
 
 
@@ -233,18 +162,18 @@ def _format_prompt(value: Any, spec: PrepareSpec) -> Prompt:
     template = spec.prompt_template
     if isinstance(value, str):
         if not value.strip():
-            raise _Reject("empty_prompt", "prompt is empty or whitespace")
+            raise Reject("empty_prompt", "prompt is empty or whitespace")
         return template.replace("{prompt}", value) if template else value  # not str.format: templates hold braces
     if not isinstance(value, list):
-        raise _Reject("wrong_type", f"prompt is {type(value).__name__}; expected str or a list of chat messages")
+        raise Reject("wrong_type", f"prompt is {type(value).__name__}; expected str or a list of chat messages")
     if spec.prompt_format == "text":
-        raise _Reject("wrong_type", "prompt is a list of chat messages but prompt_format='text'")
+        raise Reject("wrong_type", "prompt is a list of chat messages but prompt_format='text'")
     messages = [_message(m, i) for i, m in enumerate(value)]
     if not any(m["content"].strip() for m in messages):
-        raise _Reject("empty_prompt", "prompt has no message with content")
+        raise Reject("empty_prompt", "prompt has no message with content")
     users = [m for m in messages if m["role"] == "user"]
     if template and not users:
-        raise _Reject("wrong_type", "prompt has no user message to apply prompt_template to")
+        raise Reject("wrong_type", "prompt has no user message to apply prompt_template to")
     if template:
         users[-1]["content"] = template.replace("{prompt}", users[-1]["content"])
     return messages
@@ -254,7 +183,7 @@ def _scalar(row: Row, path: str, name: str, default: str) -> str:
     value = _lookup(row, path)
     if value is _MISSING or isinstance(value, bool | int | float | str):
         return default if value is _MISSING else str(value)
-    raise _Reject("wrong_type", f"{name} (field {path!r}) is {type(value).__name__}; expected str or a number")
+    raise Reject("wrong_type", f"{name} (field {path!r}) is {type(value).__name__}; expected str or a number")
 
 
 def _extra_info(row: Row, path: str) -> str:
@@ -264,22 +193,22 @@ def _extra_info(row: Row, path: str) -> str:
             value = json.loads(value)
     value = {} if value is _MISSING else value
     if not isinstance(value, dict):
-        raise _Reject("wrong_type", f"extra_info (field {path!r}) is not an object or a JSON object string")
+        raise Reject("wrong_type", f"extra_info (field {path!r}) is not an object or a JSON object string")
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: str) -> _Candidate:
+def _candidate(raw: RawRow, split: str | None, spec: PrepareSpec, default_source: str) -> _Candidate:
     if raw.error is not None:
         raise raw.error
     row = raw.row
     if not isinstance(row, dict):
-        raise _Reject("not_an_object", f"row is {type(row).__name__}; expected an object with named fields")
+        raise Reject("not_an_object", f"row is {type(row).__name__}; expected an object with named fields")
     if (bad_text := text_problem(row)) is not None:
-        raise _Reject("invalid_text", bad_text)
+        raise Reject("invalid_text", bad_text)
     fields = {name: spec.field_map.get(name, name) for name in FIELDS}
     value = _lookup(row, fields["prompt"])
     if value is _MISSING:
-        raise _Reject("missing_prompt", f"no prompt field {fields['prompt']!r} (field_map.prompt); has {sorted(row)}")
+        raise Reject("missing_prompt", f"no prompt field {fields['prompt']!r} (field_map.prompt); has {sorted(row)}")
     key = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
     prompt = _format_prompt(value, spec)
     verl = "ground_truth" not in spec.field_map and "ground_truth" not in row  # verl nests it in reward_model
@@ -292,7 +221,7 @@ def _candidate(raw: _Raw, split: str | None, spec: PrepareSpec, default_source: 
     }
     bad_source = _lookup(row, fields["data_source"]) is not _MISSING and data_source_problem(columns["data_source"])
     if bad_source:
-        raise _Reject("unsafe_data_source", f"{bad_source}; use a name like 'openai/gsm8k'")
+        raise Reject("unsafe_data_source", f"{bad_source}; use a name like 'openai/gsm8k'")
     # verl's reward_model column, kept so verl reads the output too; "rule": scored by a rule function.
     columns["reward_model"] = {
         "ground_truth": columns["ground_truth"],
@@ -310,11 +239,11 @@ def _images(row: Row, spec: PrepareSpec, prompt: Prompt) -> list[bytes] | None:
     try:
         images = validate_images(None if value is _MISSING else value, prompt_text=text)
     except ImageError as exc:
-        raise _Reject("bad_image", str(exc)) from None
+        raise Reject("bad_image", str(exc)) from None
     return images or None
 
 
-def _rejection(raw: _Raw, reject: _Reject) -> Row:
+def _rejection(raw: RawRow, reject: Reject) -> Row:
     text = raw.row if isinstance(raw.row, str) else repr(raw.row)
     text = f"{text[:_REPR_LIMIT]}... ({len(text)} chars)" if len(text) > _REPR_LIMIT else text
     kind, reason = reject.args
@@ -326,10 +255,11 @@ def _read(spec: PrepareSpec, storage_options: Mapping[str, Any] | None) -> list[
     items: list[_Candidate | Row] = []
     for url, split in [(spec.source, None)] + ([(spec.val_source, "val")] if spec.val_source else []):
         default_source = spec.default_data_source or _redact(url)
-        for raw in itertools.islice(_iter_url(url, spec, storage_options), spec.limit):
+        rows = iter_source(url, limit=spec.limit, seed=spec.seed, storage_options=storage_options)
+        for raw in itertools.islice(rows, spec.limit):
             try:
                 items.append(_candidate(raw, split, spec, default_source))
-            except _Reject as reject:
+            except Reject as reject:
                 items.append(_rejection(raw, reject))
     return items
 
@@ -368,11 +298,11 @@ def _tokenize(
             else:
                 n = len(encode_prompt(prompt, tokenizer, apply_chat_template=spec.apply_chat_template))
         except Exception as exc:  # a chat template may raise on a message shape it does not support
-            rejected.append(_rejection(item.raw, _Reject("tokenize_error", f"{type(exc).__name__}: {exc}")))
+            rejected.append(_rejection(item.raw, Reject("tokenize_error", f"{type(exc).__name__}: {exc}")))
             continue
         if n > spec.max_prompt_length:
             reason = f"prompt has {n} tokens > max_prompt_length={spec.max_prompt_length}"
-            rejected.append(_rejection(item.raw, _Reject("too_long", reason)))
+            rejected.append(_rejection(item.raw, Reject("too_long", reason)))
             continue
         images = {IMAGES_FIELD: item.images or []} if has_images else {}
         accepted.append((item, {"prompt": prompt, **item.columns, "prompt_num_tokens": n, **images}))
@@ -487,7 +417,7 @@ def prepare_dataset(
     """
     if not _RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
         raise ValueError(f"run_id={run_id!r} must be 1-200 characters of [A-Za-z0-9._:+=@-] (it names a folder)")
-    fs, root = _open_fs(out_url, storage_options)
+    fs, root = open_fs(out_url, storage_options)
     run_dir, run_url = f"{root.rstrip('/')}/{run_id}", f"{out_url.rstrip('/')}/{run_id}"
     fs.makedirs(run_dir, exist_ok=True)
     _remove(fs, f"{run_dir}/{MANIFEST_FILE}")  # the folder reads as "not prepared" until this attempt commits

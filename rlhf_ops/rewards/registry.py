@@ -14,11 +14,10 @@ Built-ins: ``gsm8k`` (strict ``#### N``), ``gsm8k_flexible`` (last number), ``ma
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from typing import Any, cast
+from typing import cast
 
-from rlhf_ops.code_policy import check_code_allowed
+from rlhf_ops.code_policy import import_dotted
 from rlhf_ops.rewards.default import default_compute_score, format_score
 from rlhf_ops.rewards.fn import RewardFn
 from rlhf_ops.rewards.gsm8k import gsm8k_flexible_score, gsm8k_score
@@ -58,30 +57,9 @@ def load_reward_fn(spec: str) -> RewardFn:
     """
     if spec in BUILTIN_REWARD_FNS:
         return BUILTIN_REWARD_FNS[spec]
-    if ":" in spec:
-        module_name, _, attr_path = spec.partition(":")
-    else:
-        module_name, _, attr_path = spec.rpartition(".")
-    if not module_name or not attr_path:
-        raise ValueError(
-            f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARD_FNS)}) nor a dotted path; "
-            "use a built-in name or 'package.module:function'."
-        )
-    check_code_allowed(module_name, what=f"reward function {spec!r}")  # importing runs the module: operator's list
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(
-            f"reward function {spec!r}: cannot import module {module_name!r} ({err}); install the package or put "
-            "it on PYTHONPATH of every worker, or fix the spelling ('package.module:function')."
-        ) from err
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(
-                f"reward function {spec!r}: module {module_name!r} has no attribute {attr_path!r}; "
-                "fix the name after the module ('package.module:function')."
-            )
-        obj = getattr(obj, part)
+    obj = import_dotted(
+        spec, what="reward function", example="package.module:function", builtins=sorted(BUILTIN_REWARD_FNS)
+    )
     if not callable(obj):
         raise ValueError(
             f"reward function {spec!r} resolves to a {type(obj).__name__}, which is not callable; point it at a "

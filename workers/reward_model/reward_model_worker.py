@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlhf_ops.config.batch_plan import MeshPlan
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import DType, FSDPConfig
 from rlhf_ops.padding import last_valid_index
@@ -29,6 +30,7 @@ class RewardModelSpec:
     dtype: DType
     attn_implementation: str
     fsdp: FSDPConfig
+    mesh: MeshPlan  # the plan's reward_model: reward.fsdp.fsdp_size / hsdp_replicate_size
     device: str
 
 
@@ -79,7 +81,11 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.device = get_device(self.spec.device)
-        mesh = build_device_mesh(self.world_size, device_type=self.device.type)
+        assert self.spec.mesh.world_size == self.world_size, (self.spec.mesh, self.world_size)
+        # 1-D ("fsdp",) or, with reward.fsdp.fsdp_size / hsdp_replicate_size, 2-D ("replicate", "shard").
+        mesh = build_device_mesh(
+            self.world_size, replicate_size=self.spec.mesh.replicate_size, device_type=self.device.type
+        )
         self.module = build_fsdp_model(
             self.spec.model_path,
             kind="sequence_classification",

@@ -37,7 +37,7 @@ from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 
-__all__ = ["LogprobsMode", "RolloutEngine", "SamplingParams", "build_rollout_output"]
+__all__ = ["LogprobsMode", "RolloutEngine", "SamplingParams", "build_rollout_output", "prompt_tensors"]
 
 LogprobsMode = Literal["raw", "processed"]
 
@@ -73,8 +73,10 @@ def build_rollout_output(
     columns: Mapping[str, np.ndarray],
     n: int,
     pixel_values: Tensor | None = None,
+    response_attention_mask: Tensor | None = None,
+    row_columns: Mapping[str, Tensor] | None = None,
 ) -> DataProto:
-    """The output both engines return (keys in the module docstring), from rows already repeated n times.
+    """The output every engine returns (keys in the module docstring), from rows already repeated n times.
 
     Args:
         prompt_ids: (B*n, P) left-padded prompts; prompt_mask: (B*n, P).
@@ -83,8 +85,12 @@ def build_rollout_output(
         columns: the request's non-tensor columns, B rows each (repeated n times here, like the tensors).
         n: samples per prompt.
         pixel_values: (B*n, k, C, H, W) images of a vision-language batch, else None.
+        response_attention_mask: (B*n, R) 1 on every response token the model attends to; None means
+            ``response_mask``. A multi-turn response attends to its tool output, which ``response_mask`` leaves out.
+        row_columns: further (B*n,) tensors added as they are (the agent loop's per-row counters).
     """
-    full = build_full_sequence(prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask)
+    attended = response_mask if response_attention_mask is None else response_attention_mask
+    full = build_full_sequence(prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=attended)
     tensors = {
         "prompts": prompt_ids,
         "responses": responses,
@@ -94,5 +100,21 @@ def build_rollout_output(
     }
     if pixel_values is not None:
         tensors["pixel_values"] = pixel_values
+    tensors.update(row_columns or {})
     repeated = {k: np.repeat(v, n, axis=0) for k, v in columns.items()}
     return DataProto.from_dict(tensors, non_tensors=repeated)
+
+
+def prompt_tensors(prompts: DataProto) -> tuple[Tensor, Tensor, Tensor]:
+    """``input_ids``, ``attention_mask``, ``position_ids`` (B, P) of a request, checked (engines' shared input)."""
+    if prompts.batch is None:
+        raise ValueError("generate_sequences needs tensors input_ids, attention_mask, position_ids; got none.")
+    found = []
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        if key not in prompts.batch.keys():
+            raise ValueError(f"generate_sequences needs tensor {key!r} (B, P); add it to the batch.")
+        found.append(prompts.batch[key])
+    if any(t.dim() != 2 or t.shape != found[0].shape for t in found):
+        shapes = [tuple(t.shape) for t in found]
+        raise ValueError(f"input_ids, attention_mask, position_ids must all be (B, P); got {shapes}.")
+    return found[0], found[1], found[2]

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output
+from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
 from workers.rollout.sampling import sample_next_tokens
 
 
@@ -107,7 +107,7 @@ class HFRollout:
         """
         start = time.perf_counter()
         params = SamplingParams.from_meta(prompts.meta_info, self.defaults)
-        input_ids, attention_mask, position_ids = self._prompt_tensors(prompts)
+        input_ids, attention_mask, position_ids = prompt_tensors(prompts)
         assert prompts.batch is not None
         pixel_values = prompts.batch["pixel_values"] if "pixel_values" in prompts.batch.keys() else None
         if prompts.meta_info.get("global_steps") is not None:
@@ -171,20 +171,6 @@ class HFRollout:
         """No-op (see :meth:`release`)."""
 
     # ------------------------------------------------------------------------------------------- internals
-    @staticmethod
-    def _prompt_tensors(prompts: DataProto) -> tuple[Tensor, Tensor, Tensor]:
-        if prompts.batch is None:
-            raise ValueError("generate_sequences needs tensors input_ids, attention_mask, position_ids; got none.")
-        found = []
-        for key in ("input_ids", "attention_mask", "position_ids"):
-            if key not in prompts.batch.keys():
-                raise ValueError(f"generate_sequences needs tensor {key!r} (B, P); add it to the batch.")
-            found.append(prompts.batch[key])
-        if any(t.dim() != 2 or t.shape != found[0].shape for t in found):
-            shapes = [tuple(t.shape) for t in found]
-            raise ValueError(f"input_ids, attention_mask, position_ids must all be (B, P); got {shapes}.")
-        return found[0], found[1], found[2]
-
     def _generator_for(self, device: torch.device) -> torch.Generator:
         if self._generator is None or self._generator.device != device:
             self._generator = torch.Generator(device=device).manual_seed(self.seed)

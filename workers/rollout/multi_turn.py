@@ -29,7 +29,7 @@ from rlhf_ops.agent.tools import Tool
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.padding import compute_position_ids, pad_sequences_left, pad_sequences_right
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import RolloutEngine, SamplingParams
+from workers.rollout.base import RolloutEngine, SamplingParams, build_rollout_output
 from workers.rollout.hf_rollout import HFRollout
 from workers.rollout.sampling import sample_next_tokens
 from workers.tools.python_sandbox import PythonSandboxTool
@@ -122,19 +122,18 @@ class MultiTurnRollout:
         logprobs = pad_sequences_right(
             [s.logprobs for s in samples], pad_value=0.0, max_length=length, dtype=torch.float32
         )
-        full_mask = torch.cat([attention_mask, attended.to(attention_mask.dtype)], dim=1)
-        tensors = {
-            "prompts": input_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "rollout_log_probs": logprobs * response_mask,
-            "input_ids": torch.cat([input_ids, responses.to(input_ids.dtype)], dim=1),
-            "attention_mask": full_mask,
-            "position_ids": compute_position_ids(full_mask),
-        }
-        for key, values in row_counters([s.state for s in samples]).items():
-            tensors[key] = torch.tensor(values, dtype=torch.long)
-        out = DataProto.from_dict({k: v.to(device) for k, v in tensors.items()}, non_tensors=columns)
+        counters = {k: torch.tensor(v, dtype=torch.long) for k, v in row_counters([s.state for s in samples]).items()}
+        out = build_rollout_output(
+            input_ids.to(device),
+            attention_mask.to(device),
+            responses=responses.to(device),
+            response_mask=response_mask.to(device),
+            log_probs=logprobs.to(device),
+            columns=prompts.non_tensor_batch,
+            n=params.n,
+            response_attention_mask=attended.to(device),
+            row_columns={k: v.to(device) for k, v in counters.items()},
+        )
         out.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
         return out
 

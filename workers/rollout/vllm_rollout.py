@@ -40,7 +40,7 @@ from torch import Tensor
 from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output
+from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -213,7 +213,7 @@ class VLLMRollout:
         params = SamplingParams.from_meta(batch.meta_info, self.defaults)
         if batch.meta_info.get("global_steps") is not None:  # deterministic per (seed, step): resume-safe
             self._seeds = random.Random(self.seed * 1_000_003 + int(batch.meta_info["global_steps"]))
-        input_ids, attention_mask = self._prompt_tensors(batch)
+        input_ids, attention_mask, _ = prompt_tensors(batch)
         longest = int(attention_mask.sum(dim=-1).max()) if len(batch) else 0  # real tokens: padding is stripped
         if self.max_model_len is not None and longest + params.response_length > self.max_model_len:
             raise ValueError(
@@ -276,20 +276,6 @@ class VLLMRollout:
         self.llm.llm_engine.engine_core.shutdown()
 
     # ------------------------------------------------------------------------------------------- internals
-    @staticmethod
-    def _prompt_tensors(prompts: DataProto) -> tuple[Tensor, Tensor]:
-        if prompts.batch is None:
-            raise ValueError("generate_sequences needs tensors input_ids, attention_mask, position_ids; got none.")
-        found = []
-        for key in ("input_ids", "attention_mask", "position_ids"):
-            if key not in prompts.batch.keys():
-                raise ValueError(f"generate_sequences needs tensor {key!r} (B, P); add it to the batch.")
-            found.append(prompts.batch[key])
-        if any(t.dim() != 2 or t.shape != found[0].shape for t in found):
-            shapes = [tuple(t.shape) for t in found]
-            raise ValueError(f"input_ids, attention_mask, position_ids must all be (B, P); got {shapes}.")
-        return found[0], found[1]
-
     def _sampling_params(self, params: SamplingParams, seed: int) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
 

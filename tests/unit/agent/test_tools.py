@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rlhf_ops.agent import CalculatorTool, SampleState, ToolError, ToolLimits, evaluate, load_interaction, load_tools
 from rlhf_ops.agent.chat_format import parse_tool_calls
+from rlhf_ops.code_policy import ALLOWED_MODULES_ENV, PLATFORM_CONFIG_ENV, CodeNotAllowedError
 from rlhf_ops.config.loader import load_config
 from tests.support.tools import Counter
 
@@ -71,6 +74,28 @@ def test_registry_loads_builtins_and_dotted_paths_with_limits() -> None:
 def test_registry_errors_name_the_key_and_the_fix(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_tools([spec], limits=ToolLimits())
+
+
+def test_tools_and_interactions_load_only_from_the_operators_allow_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reward functions' allow-list (rlhf_ops.code_policy) guards tools and interactions too: a module
+    # outside it is refused before it is imported, so its top-level code never runs.
+    marker = tmp_path / "imported"
+    (tmp_path / "team_tools_x.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Tool: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(PLATFORM_CONFIG_ENV, str(tmp_path / "no-platform.yaml"))
+    monkeypatch.setenv(ALLOWED_MODULES_ENV, "")  # built-ins only
+    with pytest.raises(CodeNotAllowedError, match=r"^rollout.multi_turn.tools: tool 'team_tools_x:Tool': module"):
+        load_tools(["team_tools_x:Tool"], limits=ToolLimits())
+    with pytest.raises(CodeNotAllowedError, match=r"^rollout.multi_turn.interaction: interaction 'team_tools_x"):
+        load_interaction("team_tools_x.Tool")
+    assert not marker.exists()
+    assert list(load_tools(["rlhf_ops.agent.calculator:CalculatorTool"], limits=ToolLimits())) == ["calculator"]
+    monkeypatch.setenv(ALLOWED_MODULES_ENV, "team_tools_x")
+    with pytest.raises(ValueError, match="gave a Tool, not a tool"):  # now imported, and checked as a tool
+        load_tools(["team_tools_x:Tool"], limits=ToolLimits())
+    assert marker.exists()
 
 
 def test_registry_refuses_two_tools_with_one_name() -> None:

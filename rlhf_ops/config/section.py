@@ -1,0 +1,83 @@
+"""The base of every config section, the shared field types and the validators of names and strings.
+
+Its own module so :mod:`rlhf_ops.config.schema` holds only the sections: every section derives from
+:class:`Section` (frozen, ``extra="forbid"``, no bool where a number is meant, no inf / NaN).
+"""
+
+from __future__ import annotations
+
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+KLPenalty = Literal[
+    "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
+]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+DType = Literal["float32", "bfloat16", "float16"]
+LoggerName = Literal["console", "jsonl", "mlflow"]
+DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
+
+
+MAX_NAME_LENGTH = 128
+
+
+def _path_component(value: str) -> str:
+    """``value`` if it is safe as one folder name under ``trainer.checkpoint_root`` (and in remote URLs).
+
+    A ``/``, a ``\\``, a leading ``.`` (``.``, ``..``, hidden folders) or a control character would move the
+    run's folder elsewhere or hide it, so they are refused rather than escaped: the name stays the one the
+    user sees in every path.
+    """
+    bad = (
+        "/" in value
+        or "\\" in value
+        or value.startswith(".")
+        or value != value.strip()
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
+        or len(value) > MAX_NAME_LENGTH
+    )
+    if not value or bad:
+        raise PydanticCustomError(
+            "path_component",
+            "is not safe as a single folder name (no '/', '\\', NUL or control characters, no leading '.' or "
+            "surrounding spaces, 1-{max_length} characters)",
+            {"max_length": MAX_NAME_LENGTH, "fix": "use letters, digits, '-', '_' and '.', e.g. 'grpo-run-1'"},
+        )
+    return value
+
+
+def not_blank(fix: str) -> AfterValidator:
+    """Refuses an empty or all-space string (``key=`` on the command line), where ``null`` is meant."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise PydanticCustomError("blank", "is empty", {"fix": fix})
+        return value
+
+    return AfterValidator(check)
+
+
+PathComponent = Annotated[str, AfterValidator(_path_component)]
+
+
+def _numeric_only(annotation: Any) -> bool:
+    """Whether a field takes numbers but no bool (``int``, ``float | None``...)."""
+    args = set(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else {annotation}
+    return bool(args & {int, float}) and bool not in args
+
+
+class Section(BaseModel):
+    # allow_inf_nan=False: an infinite or NaN float is never a setting (and JSON, hence XCom, cannot carry it).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads True as 1: YAML's `yes` / `true` would silently become lr=1.0 or keep_last=1.
+        if isinstance(value, bool) and info.field_name and _numeric_only(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_number", "is a boolean where a number is meant", {"fix": "set a number"})
+        return value
