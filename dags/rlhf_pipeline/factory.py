@@ -27,6 +27,7 @@ from rlhf_pipeline import tasks
 from rlhf_pipeline.assets import pipeline_asset
 from rlhf_pipeline.callbacks import on_task_failure
 from rlhf_pipeline.params import pipeline_params
+from rlhf_pipeline.pools import ClusterPool, cluster_pool
 
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
 DEFAULT_ARGS = {"owner": "rlhf-platform", "retries": 2, "retry_delay": pendulum.duration(seconds=30)}
@@ -50,6 +51,7 @@ def build_pipeline_dag(
     train_timeout_s: float | None = None,
     max_active_runs: int = 1,
     override_policy: Mapping[str, Any] | None = None,
+    pool: ClusterPool | Mapping[str, Any] | None = None,
 ) -> DAG:
     """One RLHF pipeline DAG.
 
@@ -68,10 +70,15 @@ def build_pipeline_dag(
         checkpoint_poke_s: Seconds between two checks for a new checkpoint.
         checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
         train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
-        max_active_runs: Concurrent runs of this DAG.
+        max_active_runs: Concurrent runs of this DAG (a spec's ``max_active_runs``).
         override_policy: Which keys the form's ``overrides`` may set beyond the default set, and the spec's own
             (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
+        pool: The Airflow pool of the cluster's capacity that ``train`` and each evaluation take slots of (a
+            spec's ``pool`` mapping; None: ``rlhf_cluster``, see ``rlhf_pipeline.pools``).
     """
+    if not isinstance(max_active_runs, int) or isinstance(max_active_runs, bool) or max_active_runs < 1:
+        raise ValueError(f"max_active_runs must be a positive integer, got {max_active_runs!r}")
+    cluster = cluster_pool(pool)
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
     with DAG(
@@ -98,13 +105,18 @@ def build_pipeline_dag(
         tracking: Any = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns
         )
-        train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s)
+        train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s, pool=cluster)
         tracking >> train
         evaluations = _evaluations(
             plan,
             tracking,
             conns=conns,
-            heavy={**heavy, "outlets": [pipeline_asset(dag_id, "checkpoint")]},
+            heavy={
+                **heavy,
+                "outlets": [pipeline_asset(dag_id, "checkpoint")],
+                "pool": cluster.name,
+                "pool_slots": cluster.eval_slots,
+            },
             poke_s=checkpoint_poke_s,
             timeout_s=checkpoint_timeout_s,
         )
@@ -122,13 +134,18 @@ def build_pipeline_dag(
         )(registered, tracking["mlflow_run_id"], conns=conns)
         ended = task(task_id="end_tracking")(tasks.end_tracking)(tracking["mlflow_run_id"], conns=conns)
         champion >> ended.as_teardown(setups=tracking.operator)
+    dag.rlhf_cluster_pool = cluster  # type: ignore[attr-defined]  # read by rlhf_pipeline.pools.pools_of (the tests' and the demo's set-up)
     return dag
 
 
-def _train(*, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float | None) -> RayJobOperator:
+def _train(
+    *, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float | None, pool: ClusterPool
+) -> RayJobOperator:
     """The training Ray job: entrypoint from ``preflight``, the MLflow run id from ``start_tracking``."""
     return RayJobOperator(
         task_id="train",
+        pool=pool.name,
+        pool_slots=pool.train_slots,
         entrypoint="{{ ti.xcom_pull(task_ids='preflight', key='entrypoint') }}",
         ray_conn_id=ray_conn_id,
         ray_address="{{ params.ray_address or '' }}",

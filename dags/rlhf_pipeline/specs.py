@@ -17,6 +17,8 @@ A spec (every key but ``schedule`` is optional)::
     tags: [weekly]
     connections: {ray: ray_default, mlflow: mlflow_default, s3: null}
     heavy_queue: null
+    max_active_runs: 1                  # concurrent runs of this DAG
+    pool: {name: rlhf_cluster, slots: 4, train_slots: 1, eval_slots: 1}   # rlhf_pipeline.pools
 
 Parsing reads YAML only. A spec with a mistake is skipped with a warning (shown by Airflow as a DAG
 warning) and does not take the other specs down.
@@ -32,6 +34,7 @@ from typing import Any
 from airflow.sdk import DAG, yaml
 
 from rlhf_pipeline.factory import build_pipeline_dag
+from rlhf_pipeline.pools import cluster_pool
 
 SPEC_KEYS = frozenset(
     {
@@ -47,6 +50,8 @@ SPEC_KEYS = frozenset(
         "tags",
         "connections",
         "heavy_queue",
+        "max_active_runs",
+        "pool",
     }
 )
 DATA_KEYS = {"url": "dataset_url", "val_url": "val_dataset_url", "field_map": "field_map"}
@@ -99,8 +104,17 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
     conns = _mapping(spec.get("connections"), where=f"{source}: connections")
     if set(conns) - set(CONNECTION_KEYS):
         raise SpecError(f"{source}: unknown connection key(s) {sorted(set(conns) - set(CONNECTION_KEYS))}")
+    max_runs = spec.get("max_active_runs", 1)
+    if not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1:
+        raise SpecError(f"{source}: max_active_runs must be a positive integer, got {max_runs!r}")
+    try:
+        pool = cluster_pool(_mapping(spec.get("pool"), where=f"{source}: pool"))
+    except ValueError as exc:
+        raise SpecError(f"{source}: {exc}") from None
     return {
         "dag_id": dag_id,
+        "max_active_runs": max_runs,
+        "pool": pool,
         "schedule": spec["schedule"],
         "param_defaults": params,
         "tags": ["scheduled", *[str(t) for t in spec.get("tags") or []]],

@@ -59,3 +59,50 @@ def test_a_bad_spec_is_skipped_with_a_warning(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match=r"skipping pipeline spec bad.yaml: unknown pipeline parameter"):
         dags = load_spec_dags(tmp_path)
     assert list(dags) == ["rlhf_good"]
+
+
+def test_spec_pool_and_max_active_runs_reach_the_dag() -> None:
+    from rlhf_pipeline.factory import build_pipeline_dag
+    from rlhf_pipeline.pools import ClusterPool
+    from rlhf_pipeline.specs import spec_to_kwargs
+
+    spec = {
+        "schedule": None,
+        "max_active_runs": 3,
+        "pool": {"name": "gpu_cluster", "slots": 16, "train_slots": 8, "eval_slots": 2},
+    }
+    kwargs = spec_to_kwargs(spec, source=Path("specs/gpu.yaml"))
+    assert kwargs["pool"] == ClusterPool(name="gpu_cluster", slots=16, train_slots=8, eval_slots=2)
+    dag = build_pipeline_dag(**kwargs)
+    assert dag.max_active_runs == 3
+    pooled = {t.task_id: (t.pool, t.pool_slots) for t in dag.tasks if t.pool != "default_pool"}
+    assert pooled == {"train": ("gpu_cluster", 8), "evaluate.evaluate_checkpoint": ("gpu_cluster", 2)}
+
+
+def test_spec_without_pool_gets_the_default_cluster_pool() -> None:
+    from rlhf_pipeline.factory import build_pipeline_dag
+    from rlhf_pipeline.specs import spec_to_kwargs
+
+    dag = build_pipeline_dag(**spec_to_kwargs({"schedule": None}, source=Path("specs/plain.yaml")))
+    assert dag.max_active_runs == 1
+    assert (dag.get_task("train").pool, dag.get_task("train").pool_slots) == ("rlhf_cluster", 1)
+    assert dag.get_task("evaluate.evaluate_checkpoint").pool == "rlhf_cluster"
+    assert dag.get_task("register_model").pool == "default_pool"  # only the cluster's heavy tasks
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"schedule": None, "max_active_runs": 0}, "max_active_runs must be a positive integer, got 0"),
+        ({"schedule": None, "max_active_runs": "2"}, "max_active_runs must be a positive integer"),
+        ({"schedule": None, "pool": {"size": 4}}, r"unknown pool key\(s\) \['size'\]"),
+        ({"schedule": None, "pool": {"slots": 0}}, "pool.slots must be a positive integer"),
+        ({"schedule": None, "pool": {"slots": 2, "train_slots": 4}}, "pool.train_slots=4 exceeds pool.slots=2"),
+        ({"schedule": None, "pool": "rlhf_cluster"}, "pool must be a mapping"),
+    ],
+)
+def test_bad_pool_or_max_active_runs_names_the_problem(spec: object, message: str) -> None:
+    from rlhf_pipeline.specs import SpecError, spec_to_kwargs
+
+    with pytest.raises(SpecError, match=message):
+        spec_to_kwargs(spec, source=Path("specs/x.yaml"))
