@@ -6,6 +6,10 @@
                                                └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
                                                   wait_for_checkpoint → evaluate_checkpoint
 
+``train`` and each ``evaluate_checkpoint`` take slots of the cluster pool (``rlhf_pipeline.pools``); with a spec's
+``approval`` on, ``approve_champion`` (human in the loop) sits between ``register_model`` and ``promote_champion``
+(``rlhf_pipeline.approval``).
+
 ``evaluate`` is a task group mapped over the global steps at which ``preflight`` says the trainer will commit
 a checkpoint (``save_freq`` and the last step). Each map index waits for its checkpoint with a sensor in
 reschedule mode (no worker slot held while waiting) and evaluates it as soon as it is committed, while
@@ -24,6 +28,7 @@ from airflow.sdk import DAG, task, task_group
 
 from rlhf_airflow.operators import RayJobOperator
 from rlhf_pipeline import tasks
+from rlhf_pipeline.approval import ApprovalSpec, approval_spec, approval_task
 from rlhf_pipeline.assets import pipeline_asset
 from rlhf_pipeline.callbacks import on_task_failure
 from rlhf_pipeline.params import pipeline_params
@@ -52,6 +57,7 @@ def build_pipeline_dag(
     max_active_runs: int = 1,
     override_policy: Mapping[str, Any] | None = None,
     pool: ClusterPool | Mapping[str, Any] | None = None,
+    approval: ApprovalSpec | Mapping[str, Any] | None = None,
 ) -> DAG:
     """One RLHF pipeline DAG.
 
@@ -75,10 +81,13 @@ def build_pipeline_dag(
             (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
         pool: The Airflow pool of the cluster's capacity that ``train`` and each evaluation take slots of (a
             spec's ``pool`` mapping; None: ``rlhf_cluster``, see ``rlhf_pipeline.pools``).
+        approval: The optional human approval before the champion alias moves (a spec's ``approval`` mapping;
+            None or ``enabled: false``: no gate, see ``rlhf_pipeline.approval``).
     """
     if not isinstance(max_active_runs, int) or isinstance(max_active_runs, bool) or max_active_runs < 1:
         raise ValueError(f"max_active_runs must be a positive integer, got {max_active_runs!r}")
     cluster = cluster_pool(pool)
+    gate = approval_spec(approval)
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
     with DAG(
@@ -126,12 +135,19 @@ def build_pipeline_dag(
         [train, evaluations] >> retained
         register = task(task_id="register_model", outlets=[pipeline_asset(dag_id, "registered_model")], **heavy)
         registered: Any = register(tasks.register_model)(
-            plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns
+            plan["layout"],
+            plan["config"],
+            tracking["mlflow_run_id"],
+            plan["registered_model_name"],
+            conns=conns,
+            move_alias=not gate.enabled,  # with the gate, promote_champion moves it after the approval
         )
         retained >> registered
         champion = task(task_id="promote_champion", outlets=[pipeline_asset(dag_id, "champion")])(
             tasks.promote_champion
         )(registered, tracking["mlflow_run_id"], conns=conns)
+        if gate.enabled:
+            registered >> approval_task(gate) >> champion
         ended = task(task_id="end_tracking")(tasks.end_tracking)(tracking["mlflow_run_id"], conns=conns)
         champion >> ended.as_teardown(setups=tracking.operator)
     dag.rlhf_cluster_pool = cluster  # type: ignore[attr-defined]  # read by rlhf_pipeline.pools.pools_of (the tests' and the demo's set-up)

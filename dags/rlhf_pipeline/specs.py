@@ -19,6 +19,7 @@ A spec (every key but ``schedule`` is optional)::
     heavy_queue: null
     max_active_runs: 1                  # concurrent runs of this DAG
     pool: {name: rlhf_cluster, slots: 4, train_slots: 1, eval_slots: 1}   # rlhf_pipeline.pools
+    approval: {enabled: false, timeout_hours: 72, assigned_users: []}    # rlhf_pipeline.approval
 
 Parsing reads YAML only. A spec with a mistake is skipped with a warning (shown by Airflow as a DAG
 warning) and does not take the other specs down.
@@ -33,6 +34,7 @@ from typing import Any
 
 from airflow.sdk import DAG, yaml
 
+from rlhf_pipeline.approval import approval_spec
 from rlhf_pipeline.factory import build_pipeline_dag
 from rlhf_pipeline.pools import cluster_pool
 
@@ -52,6 +54,7 @@ SPEC_KEYS = frozenset(
         "heavy_queue",
         "max_active_runs",
         "pool",
+        "approval",
     }
 )
 DATA_KEYS = {"url": "dataset_url", "val_url": "val_dataset_url", "field_map": "field_map"}
@@ -109,12 +112,14 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
         raise SpecError(f"{source}: max_active_runs must be a positive integer, got {max_runs!r}")
     try:
         pool = cluster_pool(_mapping(spec.get("pool"), where=f"{source}: pool"))
+        approval = approval_spec(_mapping(spec.get("approval"), where=f"{source}: approval"))
     except ValueError as exc:
         raise SpecError(f"{source}: {exc}") from None
     return {
         "dag_id": dag_id,
         "max_active_runs": max_runs,
         "pool": pool,
+        "approval": approval,
         "schedule": spec["schedule"],
         "param_defaults": params,
         "tags": ["scheduled", *[str(t) for t in spec.get("tags") or []]],

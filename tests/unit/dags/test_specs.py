@@ -106,3 +106,50 @@ def test_bad_pool_or_max_active_runs_names_the_problem(spec: object, message: st
 
     with pytest.raises(SpecError, match=message):
         spec_to_kwargs(spec, source=Path("specs/x.yaml"))
+
+
+def test_approval_off_by_default_leaves_no_gate_and_register_moves_the_alias() -> None:
+    from rlhf_pipeline.factory import build_pipeline_dag
+    from rlhf_pipeline.specs import spec_to_kwargs
+
+    dag = build_pipeline_dag(**spec_to_kwargs({"schedule": None}, source=Path("specs/plain.yaml")))
+    assert "approve_champion" not in dag.task_ids
+    assert dag.get_task("promote_champion").upstream_task_ids == {"register_model", "start_tracking"}
+    assert dag.get_task("register_model").op_kwargs["move_alias"] is True
+
+
+def test_approval_on_puts_the_gate_between_register_and_the_alias_move() -> None:
+    from datetime import timedelta
+
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+    from rlhf_pipeline.factory import build_pipeline_dag
+    from rlhf_pipeline.specs import spec_to_kwargs
+
+    spec = {"schedule": None, "approval": {"enabled": True, "timeout_hours": 24, "assigned_users": ["alice"]}}
+    dag = build_pipeline_dag(**spec_to_kwargs(spec, source=Path("specs/gated.yaml")))
+    gate = dag.get_task("approve_champion")
+    assert isinstance(gate, ApprovalOperator)
+    assert gate.upstream_task_ids == {"register_model"}
+    up = dag.get_task("promote_champion").upstream_task_ids
+    assert up == {"approve_champion", "register_model", "start_tracking"}
+    assert dag.get_task("register_model").op_kwargs["move_alias"] is False  # the alias waits for the approval
+    assert (gate.options, gate.defaults) == (["Approve", "Reject"], ["Reject"])  # a timeout rejects
+    assert gate.response_timeout == timedelta(hours=24)
+    assert gate.assigned_users == [{"id": "alice", "name": "alice"}]
+    assert gate.retries >= 2 and dag.get_task("end_tracking").is_teardown
+
+
+@pytest.mark.parametrize(
+    ("approval", "message"),
+    [
+        ({"enabled": "yes"}, "approval.enabled must be true or false"),
+        ({"enabled": True, "timeout_hours": 0}, "approval.timeout_hours must be a positive number"),
+        ({"enabled": True, "approvers": ["a"]}, r"unknown approval key\(s\) \['approvers'\]"),
+        ({"enabled": True, "assigned_users": "alice"}, "approval.assigned_users must be a list"),
+    ],
+)
+def test_bad_approval_names_the_problem(approval: object, message: str) -> None:
+    from rlhf_pipeline.specs import SpecError, spec_to_kwargs
+
+    with pytest.raises(SpecError, match=message):
+        spec_to_kwargs({"schedule": None, "approval": approval}, source=Path("specs/x.yaml"))
