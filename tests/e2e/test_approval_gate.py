@@ -147,8 +147,20 @@ def gated_runs(services: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
         dag_run = bag.dags[DAG_ID].test(run_conf=conf)
         responder.join(timeout=60)
         assert responder.error is None, repr(responder.error)
-        runs[option] = {"dag_run": dag_run, "seen": responder.seen, "answer": responder.answer}
+        runs[option] = {
+            "dag_run": dag_run,
+            "seen": responder.seen,
+            "answer": responder.answer,
+            "aliases": _aliases(services["tracking_uri"]),  # right after this run, before the next one
+        }
     return runs
+
+
+def _aliases(tracking_uri: str) -> dict[str, list[str]]:
+    from mlflow import MlflowClient
+
+    versions = MlflowClient(tracking_uri).search_model_versions(f"name='{REGISTERED}'")
+    return {v.version: sorted(v.aliases) for v in versions}
 
 
 def _states(run_id: str) -> dict[str, str]:
@@ -167,7 +179,10 @@ def _mlflow_run_id(run_id: str) -> str:
     with create_session() as session:
         query = XComModel.get_many(run_id=run_id, dag_ids=DAG_ID, task_ids="start_tracking", key="mlflow_run_id")
         value = session.execute(query.with_only_columns(XComModel.value)).scalar_one()
-    return str(json.loads(value) if isinstance(value, str) and value.startswith('"') else value)
+    for _ in range(2):  # stored as JSON, and values pushed by tasks are JSON-encoded once more
+        if isinstance(value, str) and value.startswith('"'):
+            value = json.loads(value)
+    return str(value)
 
 
 def test_the_request_names_the_version_and_offers_approve_or_reject(gated_runs: dict[str, Any]) -> None:
@@ -184,17 +199,15 @@ def test_the_request_names_the_version_and_offers_approve_or_reject(gated_runs: 
 
 def test_a_rejection_keeps_the_alias_where_it_was(gated_runs: dict[str, Any], services: dict[str, Any]) -> None:
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
     dag_run = gated_runs["Reject"]["dag_run"]
     states = _states(dag_run.run_id)
     assert dag_run.state == "success", states
     assert (states["register_model"], states["approve_champion"]) == ("success", "success")
     assert states["promote_champion"] == "skipped" and states["end_tracking"] == "success"
-    client = MlflowClient(services["tracking_uri"])
-    assert client.get_model_version(REGISTERED, "1") is not None  # registered, but not the champion
-    with pytest.raises(MlflowException):
-        client.get_model_version_by_alias(REGISTERED, "champion")
+    assert gated_runs["Reject"]["aliases"] == {"1": []}  # registered, but not the champion
+    tags = MlflowClient(services["tracking_uri"]).get_run(_mlflow_run_id(dag_run.run_id)).data.tags
+    assert "rlhf.promoted" not in tags  # the alias move never ran
 
 
 def test_an_approval_moves_the_alias(gated_runs: dict[str, Any], services: dict[str, Any]) -> None:
@@ -204,5 +217,6 @@ def test_an_approval_moves_the_alias(gated_runs: dict[str, Any], services: dict[
     states = _states(dag_run.run_id)
     assert dag_run.state == "success", states
     assert {states[t] for t in ("register_model", "approve_champion", "promote_champion")} == {"success"}
+    assert gated_runs["Approve"]["aliases"] == {"1": [], "2": ["champion"]}
     champion = MlflowClient(services["tracking_uri"]).get_model_version_by_alias(REGISTERED, "champion")
     assert champion.version == "2" and champion.run_id == _mlflow_run_id(dag_run.run_id)
