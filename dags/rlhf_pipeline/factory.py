@@ -50,6 +50,7 @@ def build_pipeline_dag(
     ray_conn_id: str = "ray_default",
     mlflow_conn_id: str | None = "mlflow_default",
     s3_conn_id: str | None = "aws_default",
+    api_conn_id: str | None = "airflow_api",
     heavy_queue: str | None = None,
     checkpoint_poke_s: float = 20.0,
     checkpoint_timeout_s: float = WEEK_S,
@@ -71,6 +72,8 @@ def build_pipeline_dag(
         ray_conn_id: Connection of the Ray job server (``params.ray_address`` overrides its URL).
         mlflow_conn_id: ``http`` connection of the MLflow server (None: ``$MLFLOW_TRACKING_URI``).
         s3_conn_id: ``aws`` connection with the remote store's credentials (None: the workers' environment).
+        api_conn_id: ``http`` connection of Airflow's own REST API (URL, user, password) the failure callback writes
+            the DAG run's note with (not defined, or None: no note; ``rlhf_pipeline.callbacks``).
         heavy_queue: Executor queue of the tasks that load a tokenizer or a model (prepare_data, evaluate,
             register_model): route them to workers built with the platform's worker dependencies.
         checkpoint_poke_s: Seconds between two checks for a new checkpoint.
@@ -89,6 +92,7 @@ def build_pipeline_dag(
     cluster = cluster_pool(pool)
     gate = approval_spec(approval)
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
+    on_failure = partial(on_task_failure, mlflow_conn_id=mlflow_conn_id, api_conn_id=api_conn_id)
     heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
     with DAG(
         dag_id,
@@ -97,7 +101,7 @@ def build_pipeline_dag(
         catchup=False,
         max_active_runs=max_active_runs,
         params=pipeline_params(param_defaults),
-        default_args={**DEFAULT_ARGS, "on_failure_callback": partial(on_task_failure, mlflow_conn_id=mlflow_conn_id)},
+        default_args={**DEFAULT_ARGS, "on_failure_callback": on_failure},
         tags=sorted({"rlhf", *tags}),
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,

@@ -15,7 +15,7 @@ A spec (every key but ``schedule`` is optional)::
     warm_start: champion                # or scratch: start from the preset's model
     params: {keep_last: 1}              # defaults of any other form parameter
     tags: [weekly]
-    connections: {ray: ray_default, mlflow: mlflow_default, s3: null}
+    connections: {ray: ray_default, mlflow: mlflow_default, s3: null, api: airflow_api}
     heavy_queue: null
     max_active_runs: 1                  # concurrent runs of this DAG
     pool: {name: rlhf_cluster, slots: 4, train_slots: 1, eval_slots: 1}   # rlhf_pipeline.pools
@@ -58,7 +58,7 @@ SPEC_KEYS = frozenset(
     }
 )
 DATA_KEYS = {"url": "dataset_url", "val_url": "val_dataset_url", "field_map": "field_map"}
-CONNECTION_KEYS = {"ray": "ray_conn_id", "mlflow": "mlflow_conn_id", "s3": "s3_conn_id"}
+CONNECTION_KEYS = {"ray": "ray_conn_id", "mlflow": "mlflow_conn_id", "s3": "s3_conn_id", "api": "api_conn_id"}
 _DAG_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
