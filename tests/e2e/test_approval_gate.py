@@ -159,8 +159,9 @@ def gated_runs(services: dict[str, Any], tmp_path_factory: pytest.TempPathFactor
 def _aliases(tracking_uri: str) -> dict[str, list[str]]:
     from mlflow import MlflowClient
 
-    versions = MlflowClient(tracking_uri).search_model_versions(f"name='{REGISTERED}'")
-    return {v.version: sorted(v.aliases) for v in versions}
+    client = MlflowClient(tracking_uri)
+    versions = client.search_model_versions(f"name='{REGISTERED}'")  # its results carry no aliases: get each
+    return {v.version: sorted(client.get_model_version(REGISTERED, v.version).aliases) for v in versions}
 
 
 def _states(run_id: str) -> dict[str, str]:
