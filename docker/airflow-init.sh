@@ -8,6 +8,9 @@
 #        aws_default     type aws:  S3 credentials and endpoint; the operator copies them into the Ray job's
 #                                   env (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...), never into config or logs
 #        mlflow_default  type http: the MLflow tracking server (MLFLOW_TRACKING_URI of the Ray job)
+#   4. the pool of the Ray cluster's capacity that `train` and `evaluate` take slots of (dags/rlhf_pipeline/
+#      pools.py; the scheduler never runs a task whose pool is missing), created when missing: its size is the
+#      deployer's to change afterwards (`airflow pools set rlhf_cluster 8 ... --include-deferred`).
 # Connection secrets go from the environment through a private temp file, never onto a command line. (The admin
 # password does, for `airflow users create`: fine for this one-shot dev container, not for production.)
 set -euo pipefail
@@ -57,5 +60,14 @@ trap 'rm -f "${conn_file}"' EXIT
 write_connections "${conn_file}"
 echo "airflow-init: connections ray_default, aws_default, mlflow_default"
 airflow connections import --overwrite "${conn_file}"
+
+pool="${RLHF_CLUSTER_POOL:-rlhf_cluster}"
+if airflow pools get "${pool}" >/dev/null 2>&1; then
+  echo "airflow-init: pool ${pool} exists (kept)"
+else
+  echo "airflow-init: pool ${pool} (${RLHF_CLUSTER_POOL_SLOTS:-4} slots, deferred tasks included)"
+  airflow pools set "${pool}" "${RLHF_CLUSTER_POOL_SLOTS:-4}" "Ray cluster capacity of the RLHF pipelines" \
+    --include-deferred
+fi
 
 echo "airflow-init: done"

@@ -6,11 +6,14 @@ to the Ray job, the MLflow run and the task's log) and writes it
 
 - to the task log (``failure summary: ...``), always;
 - to the pipeline's MLflow run as the tags ``rlhf.failure`` (the summary) and ``rlhf.failed_task``, when the run
-  was opened (``start_tracking`` ran).
+  was opened (``start_tracking`` ran);
+- to the DAG run's note (shown on the run's page), when the ``airflow_api`` connection is defined: the Task SDK
+  offers a task no call that sets it, so the callback uses the public REST API (``PATCH
+  /api/v2/dags/{dag_id}/dagRuns/{run_id}``, ``update_mask=note``) as a user: the connection's host is the API
+  server's base URL, and either its login / password (a ``POST /auth/token`` for a JWT) or, without a login, its
+  password is the token. An existing note is kept below the summary (the note holds 1000 characters).
 
-The DAG run note is not written yet: the Task SDK offers a task no call that sets it (only the public REST API
-does, with a user token); see docs/pipeline.md. A callback never raises: a broken callback must not hide the
-task's own error.
+A callback never raises: a broken callback must not hide the task's own error.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MAX_LINE = 300
+MAX_NOTE = 1000  # DAGRunPatchBody.note
+API_CONN_ID = "airflow_api"
 
 
 def first_error_line(error: BaseException | str | None) -> str:
@@ -82,7 +87,61 @@ def _tag_mlflow(context: Mapping[str, Any], summary: Mapping[str, str], *, mlflo
     return True
 
 
-def on_task_failure(context: Mapping[str, Any], *, mlflow_conn_id: str | None = "mlflow_default") -> dict[str, str]:
+def api_base_url(conn: Any) -> str:
+    """The API server's base URL of an ``http`` connection (host may hold the whole URL)."""
+    host = str(conn.host or "").rstrip("/")
+    if "://" not in host:
+        host = f"{conn.schema or 'http'}://{host}"
+    if conn.port and host.count(":") < 2:
+        host = f"{host}:{conn.port}"
+    return host
+
+
+def _api_token(conn: Any, base: str, timeout_s: float) -> str:
+    import requests
+
+    if not conn.login:
+        return str(conn.password or "")
+    resp = requests.post(
+        f"{base}/auth/token", json={"username": conn.login, "password": conn.password}, timeout=timeout_s
+    )
+    resp.raise_for_status()
+    return str(resp.json()["access_token"])
+
+
+def write_run_note(
+    dag_id: str, run_id: str, text: str, *, api_conn_id: str | None = API_CONN_ID, timeout_s: float = 20.0
+) -> bool:
+    """Put ``text`` at the top of the DAG run's note through the REST API; False when no connection is defined."""
+    from urllib.parse import quote
+
+    import requests
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    if not api_conn_id:
+        return False
+    try:
+        conn = BaseHook.get_connection(api_conn_id)
+    except AirflowNotFoundException:
+        return False
+    base = api_base_url(conn)
+    headers = {"Authorization": f"Bearer {_api_token(conn, base, timeout_s)}"}
+    url = f"{base}/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+    current = requests.get(url, headers=headers, timeout=timeout_s)
+    current.raise_for_status()
+    previous = current.json().get("note") or ""
+    note = text if not previous else f"{text}\n\n{previous}"
+    resp = requests.patch(
+        url, params={"update_mask": "note"}, json={"note": note[:MAX_NOTE]}, headers=headers, timeout=timeout_s
+    )
+    resp.raise_for_status()
+    return True
+
+
+def on_task_failure(
+    context: Mapping[str, Any], *, mlflow_conn_id: str | None = "mlflow_default", api_conn_id: str | None = API_CONN_ID
+) -> dict[str, str]:
     """``on_failure_callback`` of every pipeline task (see the module docstring); returns the summary."""
     summary = failure_summary(context)
     log.error("failure summary:\n%s", summary["text"])
@@ -91,4 +150,12 @@ def on_task_failure(context: Mapping[str, Any], *, mlflow_conn_id: str | None = 
             log.info("failure summary written to the MLflow run's rlhf.failure tag")
     except Exception as exc:  # MLflow down: the log line above still has everything
         log.warning("could not tag the MLflow run with the failure summary: %s", exc)
+    ti = context["ti"]
+    try:
+        if write_run_note(str(ti.dag_id), str(ti.run_id), summary["text"], api_conn_id=api_conn_id):
+            log.info("failure summary written to the DAG run's note")
+        else:
+            log.info("no %r connection: the DAG run's note is left as it is", api_conn_id)
+    except Exception as exc:  # API server down, a bad token: the log line above still has everything
+        log.warning("could not write the failure summary to the DAG run's note: %s", exc)
     return summary

@@ -6,6 +6,10 @@
                                                └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
                                                   wait_for_checkpoint → evaluate_checkpoint
 
+``train`` and each ``evaluate_checkpoint`` take slots of the cluster pool (``rlhf_pipeline.pools``); with a spec's
+``approval`` on, ``approve_champion`` (human in the loop) sits between ``register_model`` and ``promote_champion``
+(``rlhf_pipeline.approval``).
+
 ``evaluate`` is a task group mapped over the global steps at which ``preflight`` says the trainer will commit
 a checkpoint (``save_freq`` and the last step). Each map index waits for its checkpoint with a sensor in
 reschedule mode (no worker slot held while waiting) and evaluates it as soon as it is committed, while
@@ -24,9 +28,11 @@ from airflow.sdk import DAG, task, task_group
 
 from rlhf_airflow.operators import RayJobOperator
 from rlhf_pipeline import tasks
+from rlhf_pipeline.approval import ApprovalSpec, approval_spec, approval_task
 from rlhf_pipeline.assets import pipeline_asset
 from rlhf_pipeline.callbacks import on_task_failure
 from rlhf_pipeline.params import pipeline_params
+from rlhf_pipeline.pools import ClusterPool, cluster_pool
 
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
 DEFAULT_ARGS = {"owner": "rlhf-platform", "retries": 2, "retry_delay": pendulum.duration(seconds=30)}
@@ -44,12 +50,15 @@ def build_pipeline_dag(
     ray_conn_id: str = "ray_default",
     mlflow_conn_id: str | None = "mlflow_default",
     s3_conn_id: str | None = "aws_default",
+    api_conn_id: str | None = "airflow_api",
     heavy_queue: str | None = None,
     checkpoint_poke_s: float = 20.0,
     checkpoint_timeout_s: float = WEEK_S,
     train_timeout_s: float | None = None,
     max_active_runs: int = 1,
     override_policy: Mapping[str, Any] | None = None,
+    pool: ClusterPool | Mapping[str, Any] | None = None,
+    approval: ApprovalSpec | Mapping[str, Any] | None = None,
 ) -> DAG:
     """One RLHF pipeline DAG.
 
@@ -63,16 +72,27 @@ def build_pipeline_dag(
         ray_conn_id: Connection of the Ray job server (``params.ray_address`` overrides its URL).
         mlflow_conn_id: ``http`` connection of the MLflow server (None: ``$MLFLOW_TRACKING_URI``).
         s3_conn_id: ``aws`` connection with the remote store's credentials (None: the workers' environment).
+        api_conn_id: ``http`` connection of Airflow's own REST API (URL, user, password) the failure callback writes
+            the DAG run's note with (not defined, or None: no note; ``rlhf_pipeline.callbacks``).
         heavy_queue: Executor queue of the tasks that load a tokenizer or a model (prepare_data, evaluate,
             register_model): route them to workers built with the platform's worker dependencies.
         checkpoint_poke_s: Seconds between two checks for a new checkpoint.
         checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
         train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
-        max_active_runs: Concurrent runs of this DAG.
+        max_active_runs: Concurrent runs of this DAG (a spec's ``max_active_runs``).
         override_policy: Which keys the form's ``overrides`` may set beyond the default set, and the spec's own
             (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
+        pool: The Airflow pool of the cluster's capacity that ``train`` and each evaluation take slots of (a
+            spec's ``pool`` mapping; None: ``rlhf_cluster``, see ``rlhf_pipeline.pools``).
+        approval: The optional human approval before the champion alias moves (a spec's ``approval`` mapping;
+            None or ``enabled: false``: no gate, see ``rlhf_pipeline.approval``).
     """
+    if not isinstance(max_active_runs, int) or isinstance(max_active_runs, bool) or max_active_runs < 1:
+        raise ValueError(f"max_active_runs must be a positive integer, got {max_active_runs!r}")
+    cluster = cluster_pool(pool)
+    gate = approval_spec(approval)
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
+    on_failure = partial(on_task_failure, mlflow_conn_id=mlflow_conn_id, api_conn_id=api_conn_id)
     heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
     with DAG(
         dag_id,
@@ -81,7 +101,7 @@ def build_pipeline_dag(
         catchup=False,
         max_active_runs=max_active_runs,
         params=pipeline_params(param_defaults),
-        default_args={**DEFAULT_ARGS, "on_failure_callback": partial(on_task_failure, mlflow_conn_id=mlflow_conn_id)},
+        default_args={**DEFAULT_ARGS, "on_failure_callback": on_failure},
         tags=sorted({"rlhf", *tags}),
         description=description or "RLHF pipeline: prepare data, train on Ray, evaluate each checkpoint, register",
         doc_md=doc_md or __doc__,
@@ -98,13 +118,18 @@ def build_pipeline_dag(
         tracking: Any = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns
         )
-        train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s)
+        train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s, pool=cluster)
         tracking >> train
         evaluations = _evaluations(
             plan,
             tracking,
             conns=conns,
-            heavy={**heavy, "outlets": [pipeline_asset(dag_id, "checkpoint")]},
+            heavy={
+                **heavy,
+                "outlets": [pipeline_asset(dag_id, "checkpoint")],
+                "pool": cluster.name,
+                "pool_slots": cluster.eval_slots,
+            },
             poke_s=checkpoint_poke_s,
             timeout_s=checkpoint_timeout_s,
         )
@@ -114,21 +139,33 @@ def build_pipeline_dag(
         [train, evaluations] >> retained
         register = task(task_id="register_model", outlets=[pipeline_asset(dag_id, "registered_model")], **heavy)
         registered: Any = register(tasks.register_model)(
-            plan["layout"], plan["config"], tracking["mlflow_run_id"], plan["registered_model_name"], conns=conns
+            plan["layout"],
+            plan["config"],
+            tracking["mlflow_run_id"],
+            plan["registered_model_name"],
+            conns=conns,
+            move_alias=not gate.enabled,  # with the gate, promote_champion moves it after the approval
         )
         retained >> registered
         champion = task(task_id="promote_champion", outlets=[pipeline_asset(dag_id, "champion")])(
             tasks.promote_champion
         )(registered, tracking["mlflow_run_id"], conns=conns)
+        if gate.enabled:
+            registered >> approval_task(gate) >> champion
         ended = task(task_id="end_tracking")(tasks.end_tracking)(tracking["mlflow_run_id"], conns=conns)
         champion >> ended.as_teardown(setups=tracking.operator)
+    dag.rlhf_cluster_pool = cluster  # type: ignore[attr-defined]  # read by rlhf_pipeline.pools.pools_of (the tests' and the demo's set-up)
     return dag
 
 
-def _train(*, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float | None) -> RayJobOperator:
+def _train(
+    *, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float | None, pool: ClusterPool
+) -> RayJobOperator:
     """The training Ray job: entrypoint from ``preflight``, the MLflow run id from ``start_tracking``."""
     return RayJobOperator(
         task_id="train",
+        pool=pool.name,
+        pool_slots=pool.train_slots,
         entrypoint="{{ ti.xcom_pull(task_ids='preflight', key='entrypoint') }}",
         ray_conn_id=ray_conn_id,
         ray_address="{{ params.ray_address or '' }}",

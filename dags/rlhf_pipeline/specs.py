@@ -15,8 +15,11 @@ A spec (every key but ``schedule`` is optional)::
     warm_start: champion                # or scratch: start from the preset's model
     params: {keep_last: 1}              # defaults of any other form parameter
     tags: [weekly]
-    connections: {ray: ray_default, mlflow: mlflow_default, s3: null}
+    connections: {ray: ray_default, mlflow: mlflow_default, s3: null, api: airflow_api}
     heavy_queue: null
+    max_active_runs: 1                  # concurrent runs of this DAG
+    pool: {name: rlhf_cluster, slots: 4, train_slots: 1, eval_slots: 1}   # rlhf_pipeline.pools
+    approval: {enabled: false, timeout_hours: 72, assigned_users: []}    # rlhf_pipeline.approval
 
 Parsing reads YAML only. A spec with a mistake is skipped with a warning (shown by Airflow as a DAG
 warning) and does not take the other specs down.
@@ -31,7 +34,9 @@ from typing import Any
 
 from airflow.sdk import DAG, yaml
 
+from rlhf_pipeline.approval import approval_spec
 from rlhf_pipeline.factory import build_pipeline_dag
+from rlhf_pipeline.pools import cluster_pool
 
 SPEC_KEYS = frozenset(
     {
@@ -47,10 +52,13 @@ SPEC_KEYS = frozenset(
         "tags",
         "connections",
         "heavy_queue",
+        "max_active_runs",
+        "pool",
+        "approval",
     }
 )
 DATA_KEYS = {"url": "dataset_url", "val_url": "val_dataset_url", "field_map": "field_map"}
-CONNECTION_KEYS = {"ray": "ray_conn_id", "mlflow": "mlflow_conn_id", "s3": "s3_conn_id"}
+CONNECTION_KEYS = {"ray": "ray_conn_id", "mlflow": "mlflow_conn_id", "s3": "s3_conn_id", "api": "api_conn_id"}
 _DAG_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
@@ -99,8 +107,19 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
     conns = _mapping(spec.get("connections"), where=f"{source}: connections")
     if set(conns) - set(CONNECTION_KEYS):
         raise SpecError(f"{source}: unknown connection key(s) {sorted(set(conns) - set(CONNECTION_KEYS))}")
+    max_runs = spec.get("max_active_runs", 1)
+    if not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs < 1:
+        raise SpecError(f"{source}: max_active_runs must be a positive integer, got {max_runs!r}")
+    try:
+        pool = cluster_pool(_mapping(spec.get("pool"), where=f"{source}: pool"))
+        approval = approval_spec(_mapping(spec.get("approval"), where=f"{source}: approval"))
+    except ValueError as exc:
+        raise SpecError(f"{source}: {exc}") from None
     return {
         "dag_id": dag_id,
+        "max_active_runs": max_runs,
+        "pool": pool,
+        "approval": approval,
         "schedule": spec["schedule"],
         "param_defaults": params,
         "tags": ["scheduled", *[str(t) for t in spec.get("tags") or []]],

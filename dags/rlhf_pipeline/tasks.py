@@ -258,9 +258,14 @@ def register_model(
     registered_name: str,
     *,
     conns: Mapping[str, str | None],
+    move_alias: bool = True,
     **context: Any,
 ) -> dict[str, Any]:
-    """Log the best checkpoint's HF export, register it, move ``champion`` only on a paired win (``promotion``)."""
+    """Log the best checkpoint's HF export, register it, move ``champion`` only on a paired win (``promotion``).
+
+    With ``move_alias=False`` (the approval gate is on) the decision is made and logged, and the alias waits for
+    ``promote_champion`` after the approval.
+    """
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
     from rlhf_ops.pipeline.register import register_best
 
@@ -276,6 +281,7 @@ def register_model(
                 promotion=params.promotion,
                 eval_n_samples=params.eval_n_samples,
                 eval_max_prompts=params.eval_max_prompts,
+                move=move_alias,
             )
         except ValueError as exc:  # no evaluated checkpoint, a metric without per-prompt scores
             raise AirflowFailException(str(exc)) from None

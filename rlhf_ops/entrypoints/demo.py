@@ -124,6 +124,12 @@ def _run_dag(conf: dict[str, Any], console: Any = None) -> Any:
     bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder, bundle_name="dags-folder")
     if bag.import_errors:
         raise RuntimeError(f"the DAGs folder has import errors: {bag.import_errors}")
+    # The cluster pool the train and evaluate tasks name: dag.test() ignores pools, but `airflow standalone` on
+    # this DB (the UI command the demo prints) schedules no task of a missing pool. The DAGs folder is on
+    # sys.path once parsed.
+    from rlhf_pipeline.pools import ensure_pools, pools_of
+
+    ensure_pools(pools_of(bag.dags.values()))
     if console is not None:
         get_listener_manager().add_listener(console)
     return bag.dags[DAG_ID].test(run_conf=conf)

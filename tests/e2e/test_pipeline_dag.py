@@ -109,6 +109,9 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
 
     with create_session() as session:  # new DAGs start paused, and a paused DAG is not queued by its Assets
         session.execute(update(DagModel).where(DagModel.dag_id == "rlhf_champion_report").values(is_paused=False))
+    from rlhf_pipeline.pools import ensure_pools, pools_of
+
+    ensure_pools(pools_of(bag.dags.values()))  # as a deployer would (dag.test() itself ignores pools)
     dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)
     return {"dag_run": dag_run, "xcom": lambda task, key="return_value": _xcom(dag_run.run_id, task, key)}
 
@@ -150,6 +153,23 @@ def test_pipeline_succeeds_every_task(pipeline_run: dict[str, Any]) -> None:
         "evaluate.evaluate_checkpoint[0]",
         "evaluate.evaluate_checkpoint[1]",
     }
+
+
+def test_train_and_evaluations_ran_in_the_cluster_pool(pipeline_run: dict[str, Any]) -> None:
+    from airflow.models.pool import Pool
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance).filter(TaskInstance.run_id == pipeline_run["dag_run"].run_id).all()
+        pooled = sorted((ti.task_id, ti.map_index, ti.pool, ti.pool_slots) for ti in rows if ti.pool != "default_pool")
+    assert pooled == [
+        ("evaluate.evaluate_checkpoint", 0, "rlhf_cluster", 1),
+        ("evaluate.evaluate_checkpoint", 1, "rlhf_cluster", 1),
+        ("train", -1, "rlhf_cluster", 1),
+    ]
+    pool = Pool.get_pool("rlhf_cluster")
+    assert pool is not None and pool.include_deferred  # the deferred train task keeps holding its slot
 
 
 def test_mlflow_run_params_tags_and_metric_history(pipeline_run: dict[str, Any], services: dict[str, Any]) -> None:

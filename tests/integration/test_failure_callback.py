@@ -3,7 +3,9 @@
 A real Airflow (SQLite DB, ``dag.test()``) runs a two-task DAG: ``start_tracking`` opens a real MLflow run and
 pushes its id and URL as the pipeline's task does; ``train`` fails with a two-line error. The factory's
 ``on_failure_callback`` (:func:`rlhf_pipeline.callbacks.on_task_failure`) must tag the run with the task, the
-first line of the error and the links.
+first line of the error and the links, and write the summary to the DAG run's note through the REST API of a
+real ``airflow api-server`` on the same metadata DB (the ``airflow_api`` connection: its URL and a user's
+login / password).
 """
 
 from __future__ import annotations
@@ -14,12 +16,18 @@ configure_airflow_env()  # before anything imports airflow
 
 import json  # noqa: E402
 import os  # noqa: E402
+import secrets  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from rlhf_ops.entrypoints.local_stack import free_ports  # noqa: E402
+from tests.support.airflow_services import USERNAME, AirflowServices, component_env  # noqa: E402
 from tests.support.mlflow_server import mlflow_server  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -57,8 +65,49 @@ def tracking_uri() -> Iterator[str]:
         yield uri
 
 
-def test_failed_task_tags_the_mlflow_run(tracking_uri: str) -> None:
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServices]:
+    """``airflow api-server`` on this test session's SQLite metadata DB, with a user and a password."""
     migrate_airflow_db()
+    home, port = tmp_path_factory.mktemp("api_server"), free_ports(1)[0]
+    (home / "logs").mkdir()
+    airflow_home = configure_airflow_env()
+    env = component_env(
+        home,
+        db_url=os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+        dags_folder=airflow_home / "dags",
+        plugins_folder=airflow_home / "plugins",
+        port=port,
+    )
+    password = secrets.token_urlsafe(12)
+    (home / "passwords.json").write_text(json.dumps({USERNAME: password}) + "\n")
+    server = AirflowServices(base_url=f"http://127.0.0.1:{port}", home=home, env=env, password=password)
+    cli = [str(Path(sys.executable).with_name("airflow")), "api-server", "--host", "127.0.0.1", "--port", str(port)]
+    with (home / "logs" / "api-server.out").open("wb") as out:
+        server.procs["api-server"] = subprocess.Popen(
+            [*cli, "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                server.health()
+                break
+            except Exception:
+                proc = server.procs["api-server"]
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"api-server did not start:\n{server.log_tail('api-server')}") from None
+                time.sleep(1.0)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_failed_task_tags_the_mlflow_run_and_notes_the_dag_run(tracking_uri: str, api_server: AirflowServices) -> None:
+    migrate_airflow_db()
+    os.environ["AIRFLOW_CONN_AIRFLOW_API"] = json.dumps(
+        {"conn_type": "http", "host": api_server.base_url, "login": USERNAME, "password": api_server.password}
+    )
     dags = configure_airflow_env() / "dags"
     shutil.copytree(ROOT / "dags" / "rlhf_pipeline", dags / "rlhf_pipeline", dirs_exist_ok=True)
     (dags / "failing_pipeline.py").write_text(DAG_FILE)
@@ -82,3 +131,8 @@ def test_failed_task_tags_the_mlflow_run(tracking_uri: str) -> None:
     assert (
         lines[3].startswith("log: http") and "/dags/failing_pipeline/runs/" in lines[3] and "/tasks/train" in lines[3]
     )
+    # The same summary on the DAG run's page, read back through the REST API.
+    status, body = api_server.request(
+        "GET", f"/api/v2/dags/failing_pipeline/dagRuns/{dag_run.run_id}", token=api_server.token()
+    )
+    assert status == 200 and body["note"] == summary, body

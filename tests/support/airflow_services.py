@@ -42,6 +42,8 @@ from rlhf_ops.entrypoints.local_stack import free_ports
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 _HEALTH_PARTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")  # GET /api/v2/monitor/health
 USERNAME = "admin"
+# The pipelines' default cluster pool (dags/rlhf_pipeline/pools.py): the scheduler runs no task of a missing pool.
+CLUSTER_POOLS = {"rlhf_cluster": 4}
 PG_HOST, PG_PORT, PG_USER = "127.0.0.1", 5432, "postgres"
 
 
@@ -240,6 +242,16 @@ def migrate(env: Mapping[str, str], *, timeout_s: float = 300.0) -> float:
     return time.monotonic() - start
 
 
+def create_pools(env: Mapping[str, str], pools: Mapping[str, int], *, timeout_s: float = 120.0) -> None:
+    """``airflow pools set NAME SLOTS ... --include-deferred`` for each pool, as a deployer creates them."""
+    cli = Path(sys.executable).with_name("airflow")
+    for name, slots in pools.items():
+        args = [str(cli), "pools", "set", name, str(slots), "RLHF cluster capacity (test)", "--include-deferred"]
+        done = subprocess.run(args, env=dict(env), capture_output=True, text=True, timeout=timeout_s, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow pools set {name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+
+
 def _launch(services: AirflowServices, component: str) -> None:
     cli = Path(sys.executable).with_name("airflow")
     args = [str(cli), component]
@@ -281,6 +293,7 @@ def start_airflow_services(
     plugins_folder: Path,
     extra_env: Mapping[str, str] | None = None,
     startup_timeout_s: float = 240.0,
+    pools: Mapping[str, int] = CLUSTER_POOLS,
 ) -> AirflowServices:
     """Migrate the DB, start the four components on a free port, wait until all are healthy.
 
@@ -291,6 +304,7 @@ def start_airflow_services(
         plugins_folder: The plugins folder (operator extra links).
         extra_env: More environment for every component and task (connections as ``AIRFLOW_CONN_*``...).
         startup_timeout_s: How long the components get to report healthy.
+        pools: ``{name: slots}`` created after the migration (default: the pipelines' cluster pool).
 
     Returns:
         The running services; call ``stop()`` (``airflow_services`` does it for you).
@@ -304,6 +318,7 @@ def start_airflow_services(
     (home / "passwords.json").write_text(json.dumps({USERNAME: password}) + "\n")
     services = AirflowServices(base_url=f"http://127.0.0.1:{port}", home=home, env=env, password=password)
     migrate(env)
+    create_pools(env, pools)
     try:
         for component in COMPONENTS:
             _launch(services, component)
@@ -323,6 +338,7 @@ def airflow_services(
     plugins_folder: Path,
     extra_env: Mapping[str, str] | None = None,
     startup_timeout_s: float = 240.0,
+    pools: Mapping[str, int] = CLUSTER_POOLS,
 ) -> Iterator[AirflowServices]:
     """:func:`start_airflow_services` as a context manager that stops the components on exit."""
     services = start_airflow_services(
@@ -332,6 +348,7 @@ def airflow_services(
         plugins_folder=plugins_folder,
         extra_env=extra_env,
         startup_timeout_s=startup_timeout_s,
+        pools=pools,
     )
     try:
         yield services

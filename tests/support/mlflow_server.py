@@ -18,13 +18,14 @@ from rlhf_ops.entrypoints.local_stack import start_mlflow_server
 
 
 @contextlib.contextmanager
-def mlflow_server(*, root: Path | None = None, startup_timeout_s: float = 90.0) -> Iterator[str]:
+def mlflow_server(*, root: Path | None = None, startup_timeout_s: float = 240.0) -> Iterator[str]:
     """Start ``mlflow server`` and yield its tracking URI (``http://127.0.0.1:<port>``).
 
     Args:
         root: Folder for ``mlflow.db``, ``artifacts/`` and ``server.log``; a temporary one (removed
             afterwards) when ``None``.
-        startup_timeout_s: How long to wait for ``/health``; the log tail is in the error.
+        startup_timeout_s: How long to wait for ``/health`` (over 90 s seen on 2 cores busy with training);
+            the log tail is in the error.
     """
     work = Path(tempfile.mkdtemp(prefix="mlflow-server-")) if root is None else root
     try:

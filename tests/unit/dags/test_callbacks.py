@@ -43,3 +43,26 @@ def test_summary_names_the_task_error_and_links() -> None:
     ]
     bare = failure_summary({"ti": TI(map_index=-1, task_id="preflight"), "exception": None})
     assert bare["task"] == "preflight" and "Ray job" not in bare["text"] and bare["ray_job"] == ""
+
+
+@dataclass
+class Conn:
+    host: str
+    port: int | None = None
+    schema: str = ""
+
+
+def test_api_base_url_of_the_airflow_api_connection() -> None:
+    from rlhf_pipeline.callbacks import api_base_url
+
+    assert api_base_url(Conn("http://127.0.0.1:28780/")) == "http://127.0.0.1:28780"
+    assert api_base_url(Conn("airflow-api", port=8080)) == "http://airflow-api:8080"
+    assert api_base_url(Conn("af.example.com", schema="https")) == "https://af.example.com"
+    assert api_base_url(Conn("https://af.example.com", port=8443)) == "https://af.example.com:8443"
+
+
+def test_no_api_connection_writes_no_note() -> None:
+    from rlhf_pipeline.callbacks import write_run_note
+
+    assert write_run_note("rlhf_ppo", "manual__1", "summary", api_conn_id="not_defined_here") is False
+    assert write_run_note("rlhf_ppo", "manual__1", "summary", api_conn_id=None) is False

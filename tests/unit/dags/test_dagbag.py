@@ -50,6 +50,8 @@ def test_pipeline_shape(dagbag: Any) -> None:
     assert dag.get_task("end_tracking").is_teardown
     assert dag.get_task("evaluate.wait_for_checkpoint").mode == "reschedule"
     assert dag.get_task("train").deferrable is True
+    assert dag.max_active_runs == 4
+    assert {t.task_id for t in dag.tasks if t.pool == "rlhf_cluster"} == {"train", "evaluate.evaluate_checkpoint"}
 
 
 def test_assets_outlets_and_the_downstream_dag(dagbag: Any) -> None:
@@ -78,6 +80,9 @@ def test_scheduled_specs(dagbag: Any) -> None:
     assert gpu.params["preset"] == "qwen2.5-0.5b-grpo-gpu"
     assert gpu.params["field_map"] == {"prompt": "question", "ground_truth": "answer"}
     assert gpu.get_task("evaluate.evaluate_checkpoint").queue == "gpu"
+    # the spec's cluster pool: training holds a node's 8 GPUs, each evaluation one; one run at a time
+    assert (gpu.get_task("train").pool, gpu.get_task("train").pool_slots) == ("gpu_cluster", 8)
+    assert (gpu.get_task("evaluate.evaluate_checkpoint").pool_slots, gpu.max_active_runs) == (1, 1)
 
 
 def test_parsing_imports_no_heavy_library() -> None:
