@@ -6,7 +6,8 @@ this script runs pytest with ``RLHF_RELIABILITY_OUT`` pointing at a folder, then
 
     .venv/bin/python bench/reliability_report.py                # the default cases (~5 minutes on 2 cores)
     .venv/bin/python bench/reliability_report.py --slow         # plus the slow ones (3000 fuzzed values,
-                                                                #  100 faulty syncs, kill + resume of rlhf train)
+                                                                #  100 faulty syncs, kill + resume of rlhf train,
+                                                                #  kills of one worker rank and of the Ray head)
     .venv/bin/python bench/reliability_report.py --from DIR     # print figures recorded earlier
 """
 
@@ -55,7 +56,21 @@ ROWS = [
     ("test_kill.", "seconds_to_clean", "seconds until none was left"),
     ("test_kill.", "lost_steps", "optimizer steps lost after kill + resume"),
     ("test_kill.", "repeated_steps", "optimizer steps repeated after kill + resume"),
+    ("test_kill_upload.", "upload_kills", "SIGKILL of rlhf sync mid-upload (moto S3)"),
+    ("test_kill_upload.", "files_up_at_kill", "files of the half-uploaded checkpoint on the remote at the kill"),
+    ("test_kill_upload.", "upload_checkpoint_without_manifest_seen", "remote checkpoint seen without its manifest"),
+    ("test_kill_upload.", "completed_after_resync", "checkpoints complete (hashes verified) after the next sync"),
 ]
+# The slow Ray kills (tests/reliability/test_kill_ray.py): one worker rank's actor process, the Ray head's GCS.
+for _target, _what in (("worker_rank", "one worker rank"), ("ray_head", "the Ray head (GCS)")):
+    ROWS += [
+        ("test_kill_ray.", f"{_target}_kills", f"SIGKILL of {_what} of a 2-rank rlhf train"),
+        ("test_kill_ray.", f"{_target}_seconds_to_fail", f"{_what}: seconds until the driver failed"),
+        ("test_kill_ray.", f"{_target}_seconds_to_clean", f"{_what}: seconds until no process of the run was left"),
+        ("test_kill_ray.", f"{_target}_lost_steps", f"{_what}: optimizer steps lost after resume"),
+        ("test_kill_ray.", f"{_target}_repeated_steps", f"{_what}: optimizer steps repeated after resume"),
+        ("test_kill_ray.", f"{_target}_metric_differences", f"{_what}: steps whose metrics differ from a clean run"),
+    ]
 
 
 def run_suite(out: Path, *, slow: bool) -> int:
@@ -78,7 +93,7 @@ def table(cases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
         values = [fig[key] for case, fig in cases.items() if case.startswith(prefix) and key in fig]
         if not values:
             continue
-        value = max(values) if key.startswith(("worst", "seconds")) else sum(values)
+        value = max(values) if key.startswith("worst") or "seconds" in key else sum(values)
         lines.append((label, f"{value:g}" if isinstance(value, float) else str(value)))
     return lines
 

@@ -226,7 +226,9 @@ def read_manifest(ckpt_path: str | os.PathLike[str], *, fs: AbstractFileSystem |
         CorruptCheckpointError: the manifest exists but is not a valid manifest.
     """
     fs = fs or _LOCAL
-    data = fs.cat_file(_join(_root(fs, ckpt_path), MANIFEST_NAME))
+    path = _join(_root(fs, ckpt_path), MANIFEST_NAME)
+    fs.invalidate_cache(path)  # s3fs sizes the GET from its listing cache: a stale one hides another process's write
+    data = fs.cat_file(path)
     return Manifest.from_json(data, source=os.fspath(ckpt_path))
 
 
@@ -328,8 +330,10 @@ def list_steps(run_dir: str | os.PathLike[str], *, fs: AbstractFileSystem | None
 def read_latest(run_dir: str | os.PathLike[str], *, fs: AbstractFileSystem | None = None) -> int | None:
     """The step named by ``<run_dir>/latest``, or ``None`` if it is absent or unreadable."""
     fs = fs or _LOCAL
+    path = _join(_root(fs, run_dir), LATEST_NAME)
+    fs.invalidate_cache(path)  # as in read_manifest: a listing cached before another process wrote it
     try:
-        text = fs.cat_file(_join(_root(fs, run_dir), LATEST_NAME)).decode(errors="replace").strip()
+        text = fs.cat_file(path).decode(errors="replace").strip()
     except FileNotFoundError:
         return None
     return parse_step_dir(text)
