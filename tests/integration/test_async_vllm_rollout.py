@@ -134,7 +134,7 @@ def results(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> di
     return res
 
 
-@pytest.mark.slow  # two vLLM engines + a spawned engine core: ~10 min on 2 loaded cores (measured here)
+@pytest.mark.slow  # two vLLM engines + a spawned engine core: 89 s here (lightly loaded), ~10 min under load
 def test_async_greedy_rollout_equals_the_sync_engine(results: dict[str, Any]) -> None:
     a, s = results["a_greedy0"], results["s_greedy0"]
     assert_same_rollout(a, s)  # tokens, masks, positions exactly; log-probs within 1e-4
@@ -142,7 +142,7 @@ def test_async_greedy_rollout_equals_the_sync_engine(results: dict[str, Any]) ->
     assert (a["rollout_log_probs"][a["response_mask"].bool()] < 0).all()
 
 
-@pytest.mark.slow  # two vLLM engines + a spawned engine core: ~10 min on 2 loaded cores (measured here)
+@pytest.mark.slow  # two vLLM engines + a spawned engine core: 89 s here (lightly loaded), ~10 min under load
 def test_weights_reach_the_async_engine_process(results: dict[str, Any]) -> None:
     before, after = results["a_greedy0"], results["a_greedy1"]
     assert_same_rollout(after, results["hf_greedy1"])  # the updated actor, decoded by the HF engine
