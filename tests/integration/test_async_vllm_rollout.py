@@ -94,7 +94,8 @@ def _child_main(model_dir: str, out_path: str) -> None:
         res["a_greedy1"] = to_plain(engine.generate_sequences(greedy))
     res["sync1"] = dict(manager.last_metrics)
     res["weight_files"] = engine.last_weight_files
-    res["weight_dir_left"] = sorted(p.name for p in engine.weight_dir.iterdir())
+    res["weight_parent"] = str(engine.weight_parent)
+    res["weight_dir_left"] = sorted(p.name for p in engine.weight_parent.glob(f"{engine.weight_prefix}*"))
     hf = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R)
     res["hf_greedy1"] = to_plain(hf.generate_sequences(greedy))
     res["tf1"] = teacher_forced_log_probs(model, res["a_greedy1"])
@@ -152,7 +153,8 @@ def test_weights_reach_the_async_engine_process(results: dict[str, Any]) -> None
     assert (before["rollout_log_probs"] - after["rollout_log_probs"]).abs().max() > 1e-2
     assert results["sync1"]["weight_sync/skipped"] == 0.0 and results["sync1"]["weight_sync/num_tensors"] == 21
     assert results["weight_files"] >= 6  # 371968 bytes in files of at most 64 KiB (the largest tensor: 32 KiB)
-    assert results["weight_dir_left"] == []  # the files are removed once the engine has loaded them
+    assert results["weight_dir_left"] == []  # the update's folder is removed once the engine has loaded it
+    assert results["weight_parent"] == ("/dev/shm" if Path("/dev/shm").is_dir() else results["weight_parent"])
 
 
 @pytest.mark.parametrize(

@@ -86,8 +86,9 @@ class AsyncVLLMRollout(VLLMRollout):
             )
         if weight_file_bytes < 1:
             raise ValueError(f"weight_file_bytes={weight_file_bytes} must be >= 1.")
-        parent = Path(weight_dir) if weight_dir is not None else (_SHM if _SHM.is_dir() else None)
-        self.weight_dir = Path(tempfile.mkdtemp(prefix=f"rlhf-weights-{os.getpid()}-", dir=parent))
+        default = _SHM if _SHM.is_dir() else Path(tempfile.gettempdir())
+        self.weight_parent = Path(weight_dir) if weight_dir is not None else default
+        self.weight_prefix = f"rlhf-weights-{os.getpid()}-"  # one folder per update, removed after the reload
         self.weight_file_bytes = weight_file_bytes
         self.last_weight_files = 0  # files written by the last update_weights
         self._request_ids = itertools.count()
@@ -177,30 +178,28 @@ class AsyncVLLMRollout(VLLMRollout):
         Send the whole model (the reload rebuilds every layer from what it receives). The files are removed
         once the engine has loaded them; the prefix cache is reset (its KV came from the old weights).
         """
-        files = self._write_weight_files(weights)
+        folder = Path(tempfile.mkdtemp(prefix=self.weight_prefix, dir=self.weight_parent))
         try:
+            self._write_weight_files(weights, folder)
             self._run(
                 self.engine.collective_rpc(
-                    "reload_weights", kwargs={"weights_path": str(self.weight_dir), "is_checkpoint_format": True}
+                    "reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True}
                 )
             )
-        finally:
-            for path in files:
-                path.unlink(missing_ok=True)
+        finally:  # also when the worker dies later: nothing of this update stays in tmpfs
+            shutil.rmtree(folder, ignore_errors=True)
         self._run(self.engine.reset_prefix_cache())
 
-    def _write_weight_files(self, weights: Iterable[tuple[str, Tensor]]) -> list[Path]:
+    def _write_weight_files(self, weights: Iterable[tuple[str, Tensor]], folder: Path) -> list[Path]:
         from safetensors.torch import save_file
 
-        for stale in self.weight_dir.glob("*.safetensors"):
-            stale.unlink()
         files: list[Path] = []
         chunk: dict[str, Tensor] = {}
         size = 0
 
         def flush() -> None:
             nonlocal chunk, size
-            path = self.weight_dir / f"model-{len(files):05d}.safetensors"
+            path = folder / f"model-{len(files):05d}.safetensors"
             save_file(chunk, str(path))
             files.append(path)
             chunk, size = {}, 0
@@ -240,7 +239,7 @@ class AsyncVLLMRollout(VLLMRollout):
         self._kv_asleep = False
 
     def shutdown(self) -> None:
-        """Stops the engine-core process and the event loop; removes the weight folder."""
+        """Stops the engine-core process and the event loop."""
         try:
             self.engine.shutdown()
         finally:
@@ -250,4 +249,3 @@ class AsyncVLLMRollout(VLLMRollout):
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
-        shutil.rmtree(self.weight_dir, ignore_errors=True)
