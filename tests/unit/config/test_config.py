@@ -146,6 +146,20 @@ def test_vllm_on_cpu_needs_kv_cache_size() -> None:
     load_config("tiny-cpu", ["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=268435456"])
 
 
+def test_async_rollout_mode_needs_the_vllm_engine() -> None:
+    assert load_config("tiny-cpu").rollout.mode == "sync"  # the default: the sync path, unchanged
+    problems = _problems(["rollout.mode=async"])  # tiny-cpu runs the HF engine
+    assert problems["rollout.mode"] == (
+        "async rollout runs a vLLM AsyncLLM engine, but rollout.engine=hf. Fix: set rollout.engine=vllm, or "
+        "rollout.mode=sync"
+    )
+    overrides = ["rollout.mode=async", "rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576"]
+    cfg = load_config("tiny-cpu", overrides)
+    assert cfg.rollout.mode == "async"
+    with pytest.raises(ConfigError, match="rollout.mode"):
+        load_config("tiny-cpu", ["rollout.mode=bogus"])
+
+
 def test_tensor_parallel_rollout_needs_gpus() -> None:
     problems = _problems(["rollout.tensor_model_parallel_size=2"])
     assert "set 1 on CPU" in problems["rollout.tensor_model_parallel_size"]

@@ -40,3 +40,13 @@ def test_ppo_with_a_reward_model_starts_three_groups_and_the_rm_has_its_own_fsdp
     rm = rows[2][2]
     assert rm.fsdp.reshard_after_forward is False  # type: ignore[attr-defined]
     assert load_config("tiny-cpu", overrides).ref.fsdp.reshard_after_forward is True  # not borrowed from ref
+
+
+def test_async_rollout_mode_selects_the_async_worker() -> None:
+    from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
+
+    [(name, cls, spec)] = _rows(["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576", "rollout.mode=async"])
+    assert (name, cls) == ("actor_rollout_ref", AsyncActorRolloutRefWorker)
+    assert issubclass(cls, ActorRolloutRefWorker) and spec.rollout.mode == "async"  # type: ignore[attr-defined]
+    [(_, sync_cls, _)] = _rows(["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576"])
+    assert sync_cls is ActorRolloutRefWorker  # the default rollout.mode=sync keeps the sync worker
