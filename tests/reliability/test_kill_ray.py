@@ -2,7 +2,7 @@
 (a Ray actor process), or the Ray head (the GCS of the cluster the run started). The driver fails with a clear
 error instead of hanging, every process of the run is gone within a bound (workers, raylet, GCS, agents), and
 ``rlhf train`` again resumes from the last complete checkpoint: 0 lost and 0 repeated optimizer steps, every
-step's metrics equal to an uninterrupted run's (timings aside).
+step's metrics equal to an uninterrupted run's (timings and RSS aside).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ OVERRIDES = [
     "trainer.logger=[console,jsonl]",
     "data.val_files=[]",
 ]
-_VARIES = ("timestamp", "timing", "perf/", "time/")  # wall-clock figures: differ between any two runs
+_VARIES = ("timestamp", "timing", "perf/", "time/", "memory/")  # wall-clock and RSS figures: differ run to run
 
 
 def _cmdline(pid: int) -> str:
