@@ -124,7 +124,9 @@ def test_killing_a_part_of_the_ray_run_fails_the_driver_cleans_up_and_resumes_ex
         assert "failed in" in text and "rank" in text and "ActorDiedError" in text, text[-3000:]
     logged = _records(run_dir)
     committed = read_latest(run_dir) or 0
-    assert committed == 2, committed
+    # Ray's actors outlive a killed GCS for its 60 s reconnect window, so a tiny run killed at its head may
+    # finish and commit its last step before the driver gives up; a killed rank stops the step it is in.
+    assert committed in ((2, STEPS) if target == "ray_head" else (2,)), committed
 
     resumed = _train(tmp_path, OVERRIDES)
     assert resumed.wait(timeout=900) == 0, log.read_text()[-3000:]
