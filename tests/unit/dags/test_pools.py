@@ -18,6 +18,9 @@ def test_pools_of_the_dags_folder_and_ensure_pools_creates_only_missing_ones() -
     bag = BundleDagBag(dag_folder=str(DAGS), bundle_path=str(DAGS), bundle_name="dags-folder")
     # rlhf_ppo and the weekly spec share the default pool; the GPU spec names its own
     assert pools_of(bag.dags.values()) == {"rlhf_cluster": 4, "gpu_cluster": 16}
+    # The metadata DB is shared by the session's tests: earlier pipeline runs may have made rlhf_cluster already.
+    if Pool.get_pool("rlhf_cluster") is not None:
+        Pool.delete_pool("rlhf_cluster")
     Pool.create_or_update_pool("gpu_cluster", 32, "sized by the deployer", include_deferred=False)
     created = ensure_pools(pools_of(bag.dags.values()))
     assert created == ["rlhf_cluster"]
