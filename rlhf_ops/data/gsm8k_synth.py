@@ -24,8 +24,10 @@ from typing import Any, Literal
 GSM8K_SYNTH_SOURCE = "synth/gsm8k"
 HELDOUT_SHARE = 0.2
 MAX_ROWS = 100_000  # per set; the question space holds millions, but drawing many distinct ones slows down
-# No example number in the instruction: SmolLM2 copies one ("#### 42") instead of its own result.
-INSTRUCTION = "Solve it step by step, then write the final answer as a number after '####'."
+# No example number in the instruction: SmolLM2 copies one ("#### 42") instead of its own result. No "step by
+# step" either: with it SmolLM2-135M-Instruct rambles past its result (200 held-out prompts, greedy, 96 tokens:
+# 8.5% right, 55% of responses cut at the limit; with this instruction 17.5% right, 12% cut, half the tokens).
+INSTRUCTION = "Write the final answer as a number after '####'."
 Split = Literal["train", "test"]
 
 _PEOPLE = [
