@@ -289,7 +289,7 @@ def _p_five(model: nn.Module, tokenizer_dir: str) -> float:
 def test_a_lora_run_learns_to_start_with_five_and_its_adapters_load_back(
     gloo: None, tiny_model_dir: str, tmp_path: Path
 ) -> None:
-    from rlhf_ops.entrypoints.train import run_training
+    from workers.entrypoints.train import run_training
 
     overrides = [
         "model.lora.rank=8",

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 from rlhf_airflow.hooks import RayJobHook  # noqa: E402
 from rlhf_airflow.operators import RayJobOperator, derive_submission_id  # noqa: E402
 from rlhf_airflow.triggers import RayJobTrigger  # noqa: E402
-from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
+from rlhf_ops.pipeline.local_stack import start_ray_head  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 CONN_ID = "ray_it"

@@ -43,11 +43,6 @@ def build_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
     return load_tools(cfg.tools, limits=limits, extra_builtins=WORKER_TOOLS)
 
 
-def tool_schemas(cfg: MultiTurnConfig) -> list[dict[str, Any]]:
-    """The function schemas the prompts describe (empty when multi-turn is off)."""
-    return [tool.schema() for tool in build_tools(cfg).values()] if cfg.enable else []
-
-
 def maybe_multi_turn(engine: RolloutEngine, cfg: MultiTurnConfig, *, tokenizer_path: str) -> RolloutEngine:
     """``engine`` itself, or wrapped in :class:`MultiTurnRollout` when ``rollout.multi_turn.enable``."""
     if not cfg.enable:
