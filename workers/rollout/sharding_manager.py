@@ -5,7 +5,7 @@ verl's ``FSDPVLLMShardingManager``, for FSDP2 and any :class:`~workers.rollout.b
     manager = FSDPShardingManager(actor_module, engine, bucket_bytes=256 << 20, device="cuda")
     manager.track_optimizer(actor_optimizer)  # or call manager.mark_dirty() after each optimizer step
     with manager:  # wake the engine, sync the weights if they changed
-        batch = engine.generate_sequences(prompts)
+        batch = engine.generate_sequences(prompts, sampling, step)
     # on exit the engine releases its memory (GPU: KV cache and weights) for training
 
 Gathering: each parameter is a DTensor sharded over the FSDP mesh; ``full_tensor()`` all-gathers it, a

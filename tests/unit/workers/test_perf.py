@@ -114,7 +114,7 @@ class _Worker:
 
 def test_monitored_methods_report_every_stage_with_the_last_one(tmp_path: Path) -> None:
     worker = _Worker(tmp_path)
-    data = DataProto.from_dict({"x": torch.zeros(2, 1)}, meta_info={"global_steps": 1})
+    data = DataProto.from_dict({"x": torch.zeros(2, 1)})
     worker.values(data)
     metrics = worker.update(data).meta_info["metrics"]
     assert metrics["critic/vf_loss"] == 0.5
