@@ -84,10 +84,10 @@ def _child_main(model_dir: str, out_path: str) -> None:
 
     manager = FSDPShardingManager(model, engine, bucket_bytes=48 << 10, device="cpu")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    manager.track_optimizer(optimizer)
     loss = -(teacher_forced_grad(model, res["a_greedy0"]) * res["a_greedy0"]["response_mask"]).mean()
     loss.backward()
     optimizer.step()
+    manager.mark_dirty()  # as the worker does after every update
     optimizer.zero_grad()
     start = time.perf_counter()
     with manager:

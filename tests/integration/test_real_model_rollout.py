@@ -98,7 +98,6 @@ def _child_main(model_dir: str, out_path: str) -> None:
     hf = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=0)
     manager = FSDPShardingManager(model, engine, bucket_bytes=64 << 20, device="cpu")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    manager.track_optimizer(optimizer)
     sampled = _prompts(tokenizer, n=2, temperature=1.0)
     for step in range(2):
         with manager:
@@ -111,7 +110,8 @@ def _child_main(model_dir: str, out_path: str) -> None:
             out = res["sampled0"]
             loss = -(_log_probs_with_grad(model, out) * out["response_mask"]).sum() / out["response_mask"].sum()
             loss.backward()
-            optimizer.step()  # the manager's hook marks the engine dirty
+            optimizer.step()
+            manager.mark_dirty()  # as the worker does after every update
             optimizer.zero_grad()
             res["tf_sampled0_after_step"] = teacher_forced_log_probs(model, out)
     res["hf_greedy1"] = to_plain(generate(hf, greedy))

@@ -108,7 +108,6 @@ def _child_main(model_dir: str, out_path: str) -> None:
     res: dict[str, Any] = {"engine_start_s": time.perf_counter() - start}
     manager = FSDPShardingManager(model, engine, bucket_bytes=BUCKET_BYTES, device="cpu")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    manager.track_optimizer(optimizer)
     _run_scenarios(model, hf, engine, manager, optimizer, res)
     torch.save(res, out_path)
     engine.shutdown()  # vLLM's teardown also destroys the default process group
@@ -151,7 +150,8 @@ def _run_scenarios(
     # One Adam step on the NLL of the greedy responses (lr 1e-2 moves every weight by ~1e-2; init std 0.02).
     loss = -(teacher_forced_grad(model, res["v_greedy0"]) * res["v_greedy0"]["response_mask"]).mean()
     loss.backward()
-    optimizer.step()  # the manager's hook marks it dirty
+    optimizer.step()
+    manager.mark_dirty()  # as the worker does after every update
     optimizer.zero_grad()
     with manager:
         res["v_greedy1"] = to_plain(generate(engine, greedy))
