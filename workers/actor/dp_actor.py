@@ -35,11 +35,11 @@ from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
+from workers.fsdp.update_loop import MiniBatchUpdate
 from workers.sp.ulysses import ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, all_reduce
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
 from workers.utils.micro_batch import split_mini_batches
-from workers.utils.update_loop import MiniBatchUpdate
 
 __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 

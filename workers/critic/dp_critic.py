@@ -22,12 +22,12 @@ from rlhf_ops.algorithms import compute_value_loss
 from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig
 from rlhf_ops.protocol import DataProto
+from workers.fsdp.update_loop import MiniBatchUpdate
 from workers.sp.ulysses import ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches, forward_packed
 from workers.utils.micro_batch import split_mini_batches
 from workers.utils.remove_padding import pack_sequences, scatter_response
-from workers.utils.update_loop import MiniBatchUpdate
 
 __all__ = ["DataParallelPPOCritic"]
 
