@@ -219,7 +219,7 @@ RANK_VARIANTS = {
 
 
 def run_platform(preset: str, overrides: list[str], work: Path, run: str, threads: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "rlhf_ops.entrypoints.train", "--preset", preset, *overrides]
+    cmd = [sys.executable, "-m", "workers.entrypoints.train", "--preset", preset, *overrides]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=platform_env(threads), cwd=REPO, capture_output=True, text=True)
     if proc.returncode:

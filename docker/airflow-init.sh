@@ -8,7 +8,7 @@
 #        aws_default     type aws:  S3 credentials and endpoint; the operator copies them into the Ray job's
 #                                   env (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...), never into config or logs
 #        mlflow_default  type http: the MLflow tracking server (MLFLOW_TRACKING_URI of the Ray job)
-#   4. the pool of the Ray cluster's capacity that `train` and `evaluate` take slots of (dags/rlhf_pipeline/
+#   4. the pool of the Ray cluster's capacity that `train` and `evaluate` take slots of (plugins/rlhf_airflow/
 #      pools.py; the scheduler never runs a task whose pool is missing), created when missing: its size is the
 #      deployer's to change afterwards (`airflow pools set rlhf_cluster 8 ... --include-deferred`).
 # Connection secrets go from the environment through a private temp file, never onto a command line. (The admin

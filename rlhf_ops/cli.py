@@ -7,10 +7,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from rlhf_ops.config import ConfigError, RunConfig, dump_config, load_config
+from rlhf_ops.pipeline.params import TRAIN_MODULE
+
+# `train` and `demo` belong to the layers above the library (the Ray worker groups, Airflow), so they are handed
+# off by module path: the process becomes `python -m workers.entrypoints.train` or `python -m rlhf_airflow.demo`
+# with the same arguments (same PID, signals, stdio and exit code), and the library never imports workers/ or
+# Airflow (docs/decisions.md, "composition root").
+DEMO_MODULE = "rlhf_airflow.demo"
+# Commands whose code lives above the library: name -> (module run with `python -m`, help line).
+HANDED_OFF: dict[str, tuple[str, str]] = {
+    "train": (TRAIN_MODULE, "run PPO/GRPO training (the Ray job entrypoint); `rlhf train --help` for its options"),
+    "demo": (DEMO_MODULE, "run the whole pipeline (Airflow + Ray + MLflow) locally on tiny-cpu; --help for options"),
+}
 
 
 def _config_show(args: argparse.Namespace) -> int:
@@ -28,8 +41,7 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _preflight(run: RunConfig) -> int:
     """Pre-flight of ``run`` (what ``rlhf train`` checks before it starts anything): 0 ok, 2 problems."""
-    from rlhf_ops.entrypoints.train import print_problems
-    from rlhf_ops.pipeline.preflight import preflight_problems
+    from rlhf_ops.pipeline.preflight import preflight_problems, print_problems
 
     notes: list[str] = []
     problems = preflight_problems(run, notes=notes)
@@ -54,15 +66,12 @@ def _config_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
-    from rlhf_ops.entrypoints.train import print_problems, run_training
-
-    try:  # pre-flight runs first inside run_training: nothing has started when it fails
-        run_training(load_config(args.preset, args.overrides), ray_address=args.ray_address)
-    except ConfigError as exc:
-        print_problems(exc)
-        return 2
-    return 0
+def hand_off(module: str, args: Sequence[str]) -> int:
+    """Replace this process with ``python -m module *args`` (returns only if the exec itself fails)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+    return 127  # not reached: execv returns only by raising
 
 
 def _sync(args: argparse.Namespace) -> int:
@@ -175,38 +184,6 @@ def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     prep.set_defaults(func=_prepare_data)
 
 
-def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="tiny-cpu", help="shipped preset name or YAML path")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_ctrl.kl_coef=0.02")
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from rlhf_ops.entrypoints.demo import run_demo
-
-    result = run_demo(Path(args.root), postgres=args.postgres or _env_flag("RLHF_DEMO_POSTGRES"), steps=args.steps)
-    return 0 if result.state == "success" else 1
-
-
-def _env_flag(name: str) -> bool:
-    import os
-
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
-
-
-def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = sub.add_parser("demo", help="run the whole pipeline (Airflow + Ray + MLflow) locally on tiny-cpu")
-    demo.add_argument("--root", default=".rlhf", help="folder for the Airflow home, MLflow store, checkpoints")
-    demo.add_argument(
-        "--postgres",
-        action="store_true",
-        help="Airflow's and MLflow's databases in PostgreSQL at 127.0.0.1:5432 (or RLHF_DEMO_POSTGRES=1)",
-    )
-    demo.add_argument("--steps", type=int, default=None, help="training steps (default: 30; three checkpoints)")
-    demo.set_defaults(func=_demo)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,10 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub.add_parser("schema", help="print the JSON Schema of the config").set_defaults(func=_config_schema)
     config_sub.add_parser("presets", help="list shipped presets").set_defaults(func=_config_presets)
 
-    train = sub.add_parser("train", help="run PPO/GRPO training (Ray job entrypoint)")
-    _add_config_args(train)
-    train.add_argument("--ray-address", default=None, help="Ray address; default: local cluster")
-    train.set_defaults(func=_train)
+    for name, (module, help_line) in HANDED_OFF.items():  # listed here; main() hands them off before parsing
+        handed = sub.add_parser(name, help=help_line, add_help=False)
+        handed.add_argument("args", nargs=argparse.REMAINDER)
+        handed.set_defaults(func=lambda args, module=module: hand_off(module, args.args))
 
     _add_prepare_parser(sub)
     _add_model_parser(sub)
@@ -249,11 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--role", default="actor", help="role folder to export (default: actor)")
     export.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     export.set_defaults(func=_export)
-    _add_demo_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in HANDED_OFF:  # every argument, --help included, goes to the module's own parser
+        return hand_off(HANDED_OFF[argv[0]][0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

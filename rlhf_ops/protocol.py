@@ -61,23 +61,12 @@ IndexLike = slice | Sequence[int] | Sequence[bool] | np.ndarray | Tensor
 
 
 class MetaInfo(TypedDict, total=False):
-    """Known ``meta_info`` keys: batch-wide values that are not one-per-row."""
+    """Known ``meta_info`` keys: what a worker reports back about a call, batch-wide.
 
-    temperature: float  # sampling temperature; also divides logits when recomputing log-probs
-    top_p: float
-    top_k: int
-    n: int  # samples per prompt
-    do_sample: bool  # False: greedy decoding
-    validate: bool  # True: a validation generation (its own sampling params)
-    response_length: int  # R
-    eos_token_id: int | list[int]
-    pad_token_id: int
-    micro_batch_size: int  # per-rank micro batch for forward passes
-    max_token_len: int  # per-rank token budget when use_dynamic_bsz
-    use_dynamic_bsz: bool
-    global_token_num: list[int]  # valid tokens per row, for throughput / MFU
-    global_steps: int
-    calculate_entropy: bool
+    No control values: a call's settings (sampling, temperature, step, micro-batch sizes) are typed arguments of
+    the role methods (``rlhf_ops.trainer.roles``) or come from the ``BatchPlan``; an unknown key is refused.
+    """
+
     metrics: dict[str, Any]  # worker metrics; concat merges them (see DataProto.concat)
     timing: dict[str, float]  # seconds per sub-stage, measured by workers
 

@@ -7,10 +7,6 @@ The controller builds them from ``rollout.*`` (training) or ``rollout.val_kwargs
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from rlhf_ops.protocol import MetaInfo
 
 __all__ = ["SamplingParams"]
 
@@ -57,26 +53,3 @@ class SamplingParams:
     def eos_ids(self) -> tuple[int, ...]:
         """``eos_token_id`` as a tuple."""
         return (self.eos_token_id,) if isinstance(self.eos_token_id, int) else tuple(self.eos_token_id)
-
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any], defaults: SamplingParams) -> SamplingParams:
-        """Returns ``defaults`` overridden by the sampling keys present in ``meta`` (a ``meta_info``)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        overrides: dict[str, Any] = {k: v for k, v in meta.items() if k in names}
-        if isinstance(overrides.get("eos_token_id"), Sequence):
-            overrides["eos_token_id"] = tuple(overrides["eos_token_id"])
-        return dataclasses.replace(defaults, **overrides)
-
-    def to_meta(self) -> MetaInfo:
-        """The settings as the engines' ``meta_info`` keys (:meth:`from_meta` reads them back)."""
-        meta: MetaInfo = {
-            "n": self.n,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "do_sample": self.do_sample,
-            "response_length": self.response_length,
-            "eos_token_id": self.eos_token_id if isinstance(self.eos_token_id, int) else list(self.eos_token_id),
-            "pad_token_id": self.pad_token_id,
-        }
-        return meta

@@ -79,7 +79,7 @@ import torch
 
 from rlhf_ops.config import load_config
 from rlhf_ops.config.schema import ModelConfig
-from rlhf_ops.entrypoints.train import run_training
+from workers.entrypoints.train import run_training
 from workers.utils.perf import peak_flops
 
 work = Path(os.environ["RLHF_GPU_WORK"])

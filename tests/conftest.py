@@ -27,7 +27,7 @@ def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for the whole session (starting one costs ~10 s on 2 cores).
 
     Tests that need Ray take this fixture; a test that must own its cluster (the Airflow operator's
-    job-submission tests) starts a separate head with ``rlhf_ops.entrypoints.local_stack``.
+    job-submission tests) starts a separate head with ``rlhf_ops.pipeline.local_stack``.
     """
     import ray
 

@@ -6,7 +6,7 @@
                                                └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
                                                   wait_for_checkpoint → evaluate_checkpoint
 
-``train`` and each ``evaluate_checkpoint`` take slots of the cluster pool (``rlhf_pipeline.pools``); with a spec's
+``train`` and each ``evaluate_checkpoint`` take slots of the cluster pool (``rlhf_airflow.pools``); with a spec's
 ``approval`` on, ``approve_champion`` (human in the loop) sits between ``register_model`` and ``promote_champion``
 (``rlhf_pipeline.approval``).
 
@@ -27,12 +27,12 @@ import pendulum
 from airflow.sdk import DAG, task, task_group
 
 from rlhf_airflow.operators import RayJobOperator
+from rlhf_airflow.pools import ClusterPool, cluster_pool
 from rlhf_pipeline import tasks
 from rlhf_pipeline.approval import ApprovalSpec, approval_spec, approval_task
 from rlhf_pipeline.assets import pipeline_asset
 from rlhf_pipeline.callbacks import on_task_failure
 from rlhf_pipeline.params import pipeline_params
-from rlhf_pipeline.pools import ClusterPool, cluster_pool
 
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
 DEFAULT_ARGS = {"owner": "rlhf-platform", "retries": 2, "retry_delay": pendulum.duration(seconds=30)}
@@ -83,7 +83,7 @@ def build_pipeline_dag(
         override_policy: Which keys the form's ``overrides`` may set beyond the default set, and the spec's own
             (trusted) overrides: ``{"extra_allowed", "trusted", "spec"}`` (``rlhf_ops.pipeline.override_policy``).
         pool: The Airflow pool of the cluster's capacity that ``train`` and each evaluation take slots of (a
-            spec's ``pool`` mapping; None: ``rlhf_cluster``, see ``rlhf_pipeline.pools``).
+            spec's ``pool`` mapping; None: ``rlhf_cluster``, see ``rlhf_airflow.pools``).
         approval: The optional human approval before the champion alias moves (a spec's ``approval`` mapping;
             None or ``enabled: false``: no gate, see ``rlhf_pipeline.approval``).
     """
@@ -154,7 +154,7 @@ def build_pipeline_dag(
             registered >> approval_task(gate) >> champion
         ended = task(task_id="end_tracking")(tasks.end_tracking)(tracking["mlflow_run_id"], conns=conns)
         champion >> ended.as_teardown(setups=tracking.operator)
-    dag.rlhf_cluster_pool = cluster  # type: ignore[attr-defined]  # read by rlhf_pipeline.pools.pools_of (the tests' and the demo's set-up)
+    dag.rlhf_cluster_pool = cluster  # type: ignore[attr-defined]  # read by rlhf_airflow.pools.pools_of (the tests' and the demo's set-up)
     return dag
 
 

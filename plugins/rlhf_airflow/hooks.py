@@ -180,10 +180,6 @@ class RayJobHook(BaseHook):
         """Ask Ray to stop the job (SIGTERM, then SIGKILL); True if it was still running."""
         return bool(self.get_conn().stop_job(submission_id))
 
-    def list_submission_ids(self) -> list[str]:
-        """Submission ids of every job the cluster knows."""
-        return [j.submission_id for j in self.get_conn().list_jobs() if j.submission_id]
-
     def find_status(self, submission_id: str) -> str | None:
         """Status of ``submission_id``, or None when the cluster has no such job."""
         try:

@@ -219,22 +219,28 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
         )
 
 
-# ref.fsdp keys that are the trained roles' only: the reference has no optimizer, runs no backward, and shards
-# on the actor's mesh (the reward model has its own reward.fsdp, mesh keys included).
-_REF_FSDP_NO_EFFECT = {
-    "optimizer_offload": "the reference has no optimizer",
-    "activation_checkpointing": "the reference runs no backward (nothing to recompute)",
-    "hsdp_replicate_size": "the reference shards on the actor's mesh (set actor.fsdp.hsdp_replicate_size)",
-    "fsdp_size": "the reference shards on the actor's mesh (set actor.fsdp.fsdp_size)",
+# fsdp keys that are the trained roles' only. The frozen roles have no optimizer and run no backward; the
+# reference also shards on the actor's mesh (the reward model has its own mesh keys in reward.fsdp).
+_FROZEN_FSDP_NO_EFFECT = {
+    "ref": {
+        "optimizer_offload": "the reference has no optimizer",
+        "activation_checkpointing": "the reference runs no backward (nothing to recompute)",
+        "hsdp_replicate_size": "the reference shards on the actor's mesh (set actor.fsdp.hsdp_replicate_size)",
+        "fsdp_size": "the reference shards on the actor's mesh (set actor.fsdp.fsdp_size)",
+    },
+    "reward": {
+        "optimizer_offload": "the reward model has no optimizer",
+        "activation_checkpointing": "the reward model runs no backward (nothing to recompute)",
+    },
 }
 
 
-def _check_ref_fsdp(fsdp: FSDPConfig, problems: list[ConfigProblem]) -> None:
-    """A ``ref.fsdp`` key that would be silently ignored is an error, not a no-op."""
+def _check_frozen_fsdp(role: str, fsdp: FSDPConfig, problems: list[ConfigProblem]) -> None:
+    """A ``ref.fsdp`` / ``reward.fsdp`` key that would be silently ignored is an error, not a no-op."""
     defaults = FSDPConfig()
-    for key, why in _REF_FSDP_NO_EFFECT.items():
+    for key, why in _FROZEN_FSDP_NO_EFFECT[role].items():
         if getattr(fsdp, key) != getattr(defaults, key):
-            problems.append(ConfigProblem(f"ref.fsdp.{key}", f"has no effect: {why}", f"remove ref.fsdp.{key}"))
+            problems.append(ConfigProblem(f"{role}.fsdp.{key}", f"has no effect: {why}", f"remove {role}.fsdp.{key}"))
 
 
 def _check_fsdp_knobs(section: str, fsdp: FSDPConfig, world: int, problems: list[ConfigProblem]) -> None:
@@ -377,7 +383,8 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 f"set a divisor of {run.world_size} (e.g. the number of nodes)",
             )
         )
-    _check_ref_fsdp(run.ref.fsdp, problems)
+    _check_frozen_fsdp("ref", run.ref.fsdp, problems)
+    _check_frozen_fsdp("reward", run.reward.fsdp, problems)
     if algo.policy_loss == "clip_cov" and algo.clip_cov_lb >= algo.clip_cov_ub:
         problems.append(
             ConfigProblem(

@@ -15,14 +15,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # torch: the evaluator's settings are read on the Airflow side too
     from rlhf_ops.protocol import DataProto
+    from rlhf_ops.sampling import SamplingParams
 
 ENGINE_GROUP = "rlhf_ops.rollout_engines"
 
 
 class RolloutEngine(Protocol):
-    """Samples ``meta_info["n"]`` responses per prompt row (keys and shapes: ``workers.rollout.base``)."""
+    """Samples ``sampling.n`` responses per prompt row (keys and shapes: ``workers.rollout.base``)."""
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto: ...
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto: ...
 
 
 class EngineFactory(Protocol):

@@ -16,6 +16,7 @@ import torch
 
 from rlhf_ops.data.dataset import PromptDataset
 from rlhf_ops.evaluation.engines import EngineFactory
+from rlhf_ops.sampling import SamplingParams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,12 +81,21 @@ def generate(
         seed=seed,
         sync_stop=False,
     )
+    sampling = SamplingParams(  # the engine's settings, n samples per prompt
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        do_sample=do_sample,
+        response_length=max_new_tokens,
+        eos_token_id=int(tokenizer.eos_token_id),
+        pad_token_id=int(tokenizer.pad_token_id),
+    )
     out: list[Generation] = []
     for start in range(0, len(indices), batch_size):
         chunk = list(indices[start : start + batch_size])
         batch = dataset.batch(chunk, pad_token_id=int(tokenizer.pad_token_id), uid_prefix="eval").to(device)
-        batch.meta_info["n"] = n
-        result = engine.generate_sequences(batch)
+        result = engine.generate_sequences(batch, sampling)
         assert result.batch is not None  # the engine always returns tensors
         responses, mask = result.batch["responses"], result.batch["response_mask"]  # (B*n, R) each
         lengths = mask.sum(-1).tolist()
@@ -119,7 +129,8 @@ def generate_vllm(
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm import LLM, TokensPrompt
+    from vllm import SamplingParams as VllmSamplingParams
 
     from rlhf_ops.models.generation import eos_token_ids
 
@@ -135,7 +146,7 @@ def generate_vllm(
     if not torch.cuda.is_available():
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     llm = LLM(model_dir, **kwargs)
-    params = SamplingParams(
+    params = VllmSamplingParams(
         n=n,
         temperature=temperature if do_sample else 0.0,
         top_p=top_p if do_sample else 1.0,

@@ -39,23 +39,6 @@ def detect_modality(model_path: str) -> Modality | None:
     return config_modality(raw) if isinstance(raw, dict) else None
 
 
-def resolve_modality(requested: str, model_path: str) -> Modality:
-    """``requested`` (``auto``, ``text``, ``vision_language``) resolved against ``model_path``'s config.
-
-    Raises:
-        ValueError: an explicit modality that contradicts the model's config (the message names the key).
-    """
-    detected = detect_modality(model_path)
-    if requested == "auto":
-        return detected or "text"
-    if detected is not None and detected != requested:
-        raise ValueError(
-            f"model.modality: {requested!r} but {model_path!r} is a {detected} model (its config.json "
-            f"{'has' if detected == 'vision_language' else 'has no'} vision_config); set model.modality=auto"
-        )
-    return "vision_language" if requested == "vision_language" else "text"
-
-
 def policy_auto_class(config: Any) -> Any:
     """``AutoModelForImageTextToText`` for a vision-language config, else ``AutoModelForCausalLM``."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText

@@ -13,7 +13,7 @@ user's overrides anyway (:func:`rlhf_ops.pipeline.params.run_overrides`).
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,8 +87,3 @@ class OverridePolicy:
                     )
                 )
         return out
-
-
-def policy_dict(*, extra_allowed: Sequence[str] = (), trusted: Sequence[str] = (), spec: str | None = None) -> dict:
-    """The JSON-serialisable form a DAG file passes to its preflight task (DAG files do not import the library)."""
-    return {"extra_allowed": list(extra_allowed), "trusted": list(trusted), "spec": spec}

@@ -27,7 +27,8 @@ from rlhf_ops.config.schema import AdvEstimator
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.promotion import PER_PROMPT_COLUMNS, PromotionSpec
 
-TRAIN_MODULE = "rlhf_ops.entrypoints.train"
+# The training entrypoint, by module path (a command line: the library never imports workers/).
+TRAIN_MODULE = "workers.entrypoints.train"
 
 # The form's sections, in the order the UI shows them.
 MODEL, DATA, TRAIN, STORE, EVAL = "Model", "Data", "Training", "Storage and cluster", "Evaluation and registry"
@@ -276,7 +277,7 @@ def run_overrides(
 
 
 def train_entrypoint(preset: str, overrides: Sequence[str]) -> str:
-    """The Ray job's shell command: ``python -m rlhf_ops.entrypoints.train --preset P 'k=v'…`` (each quoted)."""
+    """The Ray job's shell command: ``python -m workers.entrypoints.train --preset P 'k=v'…`` (each quoted)."""
     words = ["python", "-m", TRAIN_MODULE, "--preset", preset, *overrides]
     return " ".join(shlex.quote(word) for word in words)
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.config import ConfigError, RunConfig, load_config, total_training_steps
+from rlhf_ops.config import ConfigError, RunConfig, build_config, load_config, total_training_steps
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.override_policy import OverridePolicy
 from rlhf_ops.pipeline.params import PipelineParams, param_overrides, run_overrides, train_entrypoint
@@ -118,6 +120,30 @@ def raise_if_problems(config: RunConfig, **kwargs: Any) -> list[str]:
     for note in notes:
         log.info("preflight: %s", note)
     return notes
+
+
+def checked_config(config: RunConfig) -> RunConfig:
+    """``config`` with ``RLHF_RESUME_MODE`` applied (and validated), after pre-flight found nothing wrong.
+
+    The Airflow operator sets ``RLHF_RESUME_MODE=auto`` when it resubmits a failed training job; the training
+    entrypoint calls this before it starts torch, Ray or any worker.
+
+    Raises:
+        ConfigError: a bad ``RLHF_RESUME_MODE``; ``PreflightError`` (a ConfigError): what pre-flight found.
+    """
+    resume = os.environ.get("RLHF_RESUME_MODE")
+    if resume:
+        data = config.model_dump(mode="json")
+        data["trainer"]["resume_mode"] = resume
+        config = build_config(data)  # validated like any other value
+    raise_if_problems(config)
+    return config
+
+
+def print_problems(exc: ConfigError) -> None:
+    """One ``error: <key>: <message>. Fix: <fix>`` line per problem on stderr."""
+    for problem in exc.problems:
+        print(f"error: {problem}", file=sys.stderr)
 
 
 def plan_checkpoints(config: RunConfig, *, num_train: int) -> tuple[int, list[int]]:

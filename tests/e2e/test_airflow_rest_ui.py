@@ -35,7 +35,7 @@ from urllib.parse import quote, unquote
 
 import pytest
 
-from rlhf_ops.entrypoints.local_stack import start_ray_head
+from rlhf_ops.pipeline.local_stack import start_ray_head
 from tests.support.airflow_services import (
     AirflowServices,
     airflow_services,

@@ -31,7 +31,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
+from rlhf_ops.pipeline.local_stack import start_ray_head  # noqa: E402
 from tests.support.mlflow_server import mlflow_server  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_ops.config import load_config
-from rlhf_ops.entrypoints.train import run_training
+from workers.entrypoints.train import run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("ray_cluster")]
 

@@ -24,7 +24,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
+from rlhf_ops.pipeline.local_stack import start_ray_head  # noqa: E402
 from tests.support.mlflow_server import mlflow_server  # noqa: E402
 from tests.support.moto_server import REGION, running_moto_server  # noqa: E402
 
@@ -109,7 +109,7 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
 
     with create_session() as session:  # new DAGs start paused, and a paused DAG is not queued by its Assets
         session.execute(update(DagModel).where(DagModel.dag_id == "rlhf_champion_report").values(is_paused=False))
-    from rlhf_pipeline.pools import ensure_pools, pools_of
+    from rlhf_airflow.pools import ensure_pools, pools_of
 
     ensure_pools(pools_of(bag.dags.values()))  # as a deployer would (dag.test() itself ignores pools)
     dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)

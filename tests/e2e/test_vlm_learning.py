@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from rlhf_ops.config import load_config
-from rlhf_ops.entrypoints.train import run_training
 from rlhf_ops.models.resolve import resolve_model_path
+from workers.entrypoints.train import run_training
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
 

@@ -45,7 +45,7 @@ def test_two_async_rollout_steps_train_with_finite_metrics(
 ) -> None:
     preset = tmp_path / "async.yaml"
     preset.write_text(dump_config(load_config("tiny-cpu", [f"model.path={tiny_model_dir}", *OVERRIDES])))
-    cmd = [sys.executable, "-m", "rlhf_ops.entrypoints.train", "--preset", str(preset), "--ray-address", ray_address]
+    cmd = [sys.executable, "-m", "workers.entrypoints.train", "--preset", str(preset), "--ray-address", ray_address]
     cmd.append(f"trainer.checkpoint_root={tmp_path}")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})

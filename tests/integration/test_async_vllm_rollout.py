@@ -34,6 +34,7 @@ from tests.integration.test_vllm_rollout import (
     teacher_forced_log_probs,
     to_plain,
 )
+from tests.support.rollout_calls import generate
 from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
 
 pytestmark = pytest.mark.integration
@@ -77,27 +78,27 @@ def _child_main(model_dir: str, out_path: str) -> None:
     sync_engine = VLLMRollout(model_dir, config=config, max_prompt_length=8, **common)
     greedy = make_prompts(do_sample=False)
     start = time.perf_counter()
-    res["a_greedy0"] = to_plain(engine.generate_sequences(greedy))
+    res["a_greedy0"] = to_plain(generate(engine, greedy))
     res["async_generate_s"] = time.perf_counter() - start
-    res["s_greedy0"] = to_plain(sync_engine.generate_sequences(greedy))
+    res["s_greedy0"] = to_plain(generate(sync_engine, greedy))
 
     manager = FSDPShardingManager(model, engine, bucket_bytes=48 << 10, device="cpu")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    manager.track_optimizer(optimizer)
     loss = -(teacher_forced_grad(model, res["a_greedy0"]) * res["a_greedy0"]["response_mask"]).mean()
     loss.backward()
     optimizer.step()
+    manager.mark_dirty()  # as the worker does after every update
     optimizer.zero_grad()
     start = time.perf_counter()
     with manager:
         res["sync_s"] = time.perf_counter() - start
-        res["a_greedy1"] = to_plain(engine.generate_sequences(greedy))
+        res["a_greedy1"] = to_plain(generate(engine, greedy))
     res["sync1"] = dict(manager.last_metrics)
     res["weight_files"] = engine.last_weight_files
     res["weight_parent"] = str(engine.weight_parent)
     res["weight_dir_left"] = sorted(p.name for p in engine.weight_parent.glob(f"{engine.weight_prefix}*"))
     hf = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R)
-    res["hf_greedy1"] = to_plain(hf.generate_sequences(greedy))
+    res["hf_greedy1"] = to_plain(generate(hf, greedy))
     res["tf1"] = teacher_forced_log_probs(model, res["a_greedy1"])
     torch.save(res, out_path)
     engine.shutdown()

@@ -1,7 +1,7 @@
 """Resume correctness of real training runs (issue 4): kill-and-resume, epoch boundary, resharding,
 remote resume from S3 (moto), corrupted checkpoints.
 
-Every run is the real entrypoint (``python -m rlhf_ops.entrypoints.train --preset tiny-cpu``) in a
+Every run is the real entrypoint (``python -m workers.entrypoints.train --preset tiny-cpu``) in a
 subprocess, attached to the session's Ray cluster with ``--ray-address`` (a second local cluster costs
 ~40 s on 2 cores). Metrics come from each run's ``metrics.jsonl``.
 """
@@ -65,7 +65,7 @@ def preset(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> str
 
 
 def _command(root: Path, preset: str, ray_address: str, overrides: list[str]) -> list[str]:
-    entry = [sys.executable, "-m", "rlhf_ops.entrypoints.train", "--preset", preset, "--ray-address", ray_address]
+    entry = [sys.executable, "-m", "workers.entrypoints.train", "--preset", preset, "--ray-address", ray_address]
     return [*entry, f"trainer.checkpoint_root={root}", *overrides]
 
 

@@ -26,7 +26,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from rlhf_ops.entrypoints.local_stack import free_ports  # noqa: E402
+from rlhf_ops.pipeline.local_stack import free_ports  # noqa: E402
 from tests.support.airflow_services import USERNAME, AirflowServices, component_env  # noqa: E402
 from tests.support.mlflow_server import mlflow_server  # noqa: E402
 

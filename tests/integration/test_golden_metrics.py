@@ -1,6 +1,6 @@
 """Behaviour pins for refactors (issue 10): fixed-seed 5-step ``tiny-cpu`` runs against recorded metrics.
 
-Each case is the real entrypoint (``python -m rlhf_ops.entrypoints.train``) in a subprocess on the session's
+Each case is the real entrypoint (``python -m workers.entrypoints.train``) in a subprocess on the session's
 Ray cluster, as in ``test_checkpoint_resume``; its ``metrics.jsonl`` is compared, step by step, with
 ``tests/golden/tiny_cpu_5_steps.json`` on every deterministic metric (losses, rewards, KL, grad norms,
 log-prob stats; never timings, throughput or memory). A refactor that keeps the computation order gives
@@ -77,7 +77,7 @@ def deterministic(record: dict[str, Any]) -> dict[str, float]:
 def _train(root: Path, tiny_model_dir: str, ray_address: str, overrides: list[str]) -> list[dict[str, float]]:
     preset = root / "golden.yaml"
     preset.write_text(dump_config(load_config("tiny-cpu", [f"model.path={tiny_model_dir}", *COMMON, *overrides])))
-    cmd = [sys.executable, "-m", "rlhf_ops.entrypoints.train", "--preset", str(preset), "--ray-address", ray_address]
+    cmd = [sys.executable, "-m", "workers.entrypoints.train", "--preset", str(preset), "--ray-address", ray_address]
     cmd.append(f"trainer.checkpoint_root={root}")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"})

@@ -31,8 +31,8 @@ EXPECTED = {
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.parametrize("preset", sorted(EXPECTED))
 def test_gpu_preset_shape_run_trains_two_steps(preset: str, tmp_path: Path) -> None:
-    from rlhf_ops.entrypoints.train import run_training
     from rlhf_ops.rewards import load_reward_fn
+    from workers.entrypoints.train import run_training
 
     model_dir = smollm2_path()
     config = shape_run_config(preset, model_path=model_dir, checkpoint_root=str(tmp_path))

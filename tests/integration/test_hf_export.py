@@ -70,8 +70,7 @@ def _training_batch(num: int = 32, *, prompt_len: int = 5, resp_len: int = 6) ->
             "old_log_probs": -4.0 + 0.1 * torch.randn(num, resp_len, generator=g),
             "advantages": torch.randn(num, resp_len, generator=g),
             "ref_log_prob": -4.0 + 0.1 * torch.randn(num, resp_len, generator=g),
-        },
-        meta_info={"temperature": 1.0, "global_steps": 1},
+        }
     )
 
 
@@ -98,7 +97,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> It
     pool, group = _group(tiny_model_dir, 2)
     try:
         client = ActorRolloutRefClient(group)
-        metrics = client.update_actor(_training_batch())
+        metrics = client.update_actor(_training_batch(), step=1)
         assert metrics["actor/grad_norm"] > 0
         ckpt = run_dir / "global_step_1"
         client.save_checkpoint(str(ckpt / "actor"))

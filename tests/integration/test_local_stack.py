@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlhf_ops.entrypoints.local_stack import start_mlflow_server, start_ray_head
+from rlhf_ops.pipeline.local_stack import start_mlflow_server, start_ray_head
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -22,6 +22,7 @@ from rlhf_ops.config import load_config
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, FSDPConfig, LoraConfig
 from rlhf_ops.padding import compute_position_ids
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from tests.support.training import start_actor_group
 from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
 from workers.actor.dp_actor import DataParallelPPOActor
@@ -35,6 +36,9 @@ from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker_group import RayWorkerGroup
 
 pytestmark = pytest.mark.integration
+
+# The rollout's settings (typed, as the controller passes them): temperature-1 sampling of 6 tokens.
+SAMPLING = SamplingParams(temperature=1.0, do_sample=True, response_length=6, eos_token_id=2, pad_token_id=0)
 
 LORA = LoraConfig(rank=4, alpha=8, target_modules="all-linear")  # scale = alpha / rank = 8 / 4 = 2
 # Tiny Llama, "all-linear": 7 adapted linears per block (q, k, v, o, gate, up, down) x 2 blocks, A and B each.
@@ -204,16 +208,7 @@ def _prompts(num: int) -> DataProto:
     mask = torch.ones_like(ids)
     mask[::2, 0] = 0  # ragged: every other prompt has one left pad
     ids[::2, 0] = 0
-    meta = {
-        "temperature": 1.0,
-        "do_sample": True,
-        "response_length": 6,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-    }
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}, meta_info=meta
-    )
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)})
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -234,7 +229,7 @@ def test_reference_log_probs_equal_the_base_model(tiny_model_dir: str) -> None:
         for _ in range(2):
             metrics = client.update_actor(make_ppo_batch(batch_size=16, seed=4))
             assert metrics["actor/grad_norm"] > 0
-        rollout = client.generate_sequences(_prompts(8))
+        rollout = client.generate_sequences(_prompts(8), SAMPLING)
         old = client.compute_log_prob(rollout, temperature=1.0).batch["old_log_probs"]  # the actor, adapters on
         ref = client.compute_ref_log_prob(rollout).batch["ref_log_prob"]
     finally:
@@ -289,7 +284,7 @@ def _p_five(model: nn.Module, tokenizer_dir: str) -> float:
 def test_a_lora_run_learns_to_start_with_five_and_its_adapters_load_back(
     gloo: None, tiny_model_dir: str, tmp_path: Path
 ) -> None:
-    from rlhf_ops.entrypoints.train import run_training
+    from workers.entrypoints.train import run_training
 
     overrides = [
         "model.lora.rank=8",

@@ -41,7 +41,7 @@ def _common(tmp_path: Path, name: str, steps: int) -> list[str]:
 @pytest.mark.slow  # ~140 s with Ray start-up on 2 loaded cores (the 2 steps: ~22 s)
 @pytest.mark.usefixtures("ray_cluster")
 def test_tiny_multi_turn_grpo_trains_two_steps_with_observation_tokens(tmp_path: Path) -> None:
-    from rlhf_ops.entrypoints.train import run_training
+    from workers.entrypoints.train import run_training
 
     overrides = [
         "rollout.multi_turn.enable=true",
@@ -74,8 +74,8 @@ def test_tiny_multi_turn_grpo_trains_two_steps_with_observation_tokens(tmp_path:
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_smollm2_multi_turn_grpo_with_the_calculator(tmp_path: Path) -> None:
-    from rlhf_ops.entrypoints.train import run_training
     from tests.support.real_model import smollm2_path
+    from workers.entrypoints.train import run_training
 
     smollm2_path()  # build (or skip) before Ray starts workers
     overrides = [

@@ -23,10 +23,15 @@ import pytest  # noqa: E402
 from rlhf_airflow.hooks import RayJobHook  # noqa: E402
 from rlhf_airflow.operators import RayJobOperator, derive_submission_id  # noqa: E402
 from rlhf_airflow.triggers import RayJobTrigger  # noqa: E402
-from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
+from rlhf_ops.pipeline.local_stack import start_ray_head  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 CONN_ID = "ray_it"
+
+
+def _submission_ids(hook: RayJobHook) -> list[str]:
+    """Submission ids of every job the cluster knows (what an idempotent submit must not multiply)."""
+    return [j.submission_id for j in hook.get_conn().list_jobs() if j.submission_id]
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +81,14 @@ def test_submit_reattaches_and_trigger_reports_success_with_log_tail(ray_head: s
     second = hook.submit(entry, submission_id=base, env_vars={"GREETING_TARGET": "world"})
     assert first == second == base
     assert hook.status(base) in ("PENDING", "RUNNING")  # the job sleeps 3 s, so the re-attach hit a live job
-    assert [s for s in hook.list_submission_ids() if s.startswith(base)] == [base]  # one job, not two
+    assert [s for s in _submission_ids(hook) if s.startswith(base)] == [base]  # one job, not two
 
     event = _first_event(_trigger_for(hook, base))
     assert (event["status"], event["job_status"], event["submission_id"]) == ("success", "SUCCEEDED", base)
     assert "hello world" in event["log_tail"].splitlines()
     # After success a third submit returns the same id and still creates nothing.
     assert hook.submit(entry, submission_id=base) == base
-    assert [s for s in hook.list_submission_ids() if s.startswith(base)] == [base]
+    assert [s for s in _submission_ids(hook) if s.startswith(base)] == [base]
 
 
 def test_failed_job_reports_stderr_then_retry_submits_with_resume_mode(ray_head: str) -> None:
@@ -105,7 +110,7 @@ def test_failed_job_reports_stderr_then_retry_submits_with_resume_mode(ray_head:
     event = _first_event(_trigger_for(hook, retry))
     assert (event["status"], event["submission_id"]) == ("success", retry)
     assert "resume=auto" in event["log_tail"]
-    assert sorted(s for s in hook.list_submission_ids() if s.startswith(base)) == [base, retry]
+    assert sorted(s for s in _submission_ids(hook) if s.startswith(base)) == [base, retry]
 
 
 def test_operator_and_trigger_on_kill_stop_running_jobs(ray_head: str) -> None:

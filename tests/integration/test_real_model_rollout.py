@@ -27,6 +27,7 @@ import torch
 
 from tests.integration.test_vllm_rollout import SKIP_EXIT, teacher_forced_log_probs, to_plain
 from tests.support.real_model import smollm2_path
+from tests.support.rollout_calls import Call, generate
 
 # 84 s here (child 70 s: 2 s load, 10 s engine start, 2 syncs, 5 rollouts, 1 step); ~3 min under load.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,7 +41,7 @@ DIFF_TOL = 1e-4  # |p_rollout - p_actor| in fp32 (the issue's bound for training
 
 
 # --------------------------------------------------------------------------------------------- child process
-def _prompts(tokenizer: Any, **meta: Any) -> Any:
+def _prompts(tokenizer: Any, **settings: Any) -> Call:
     """The chat-templated questions, the last one with its answer already begun ("Yes."): its likely next
     token is the EOS, so at least one response ends inside R (a free answer may not)."""
     from rlhf_ops.data.dataset import PromptDataset, encode_prompt
@@ -49,8 +50,7 @@ def _prompts(tokenizer: Any, **meta: Any) -> Any:
     ids[-1] = ids[-1] + tokenizer(PREFILL, add_special_tokens=False)["input_ids"]
     data = PromptDataset(ids, list(QUESTIONS), [""] * len(ids), ["real"] * len(ids))
     batch = data.batch(list(range(len(ids))), pad_token_id=PAD, uid_prefix="q")
-    batch.meta_info.update(meta)
-    return batch
+    return Call(batch, settings)
 
 
 def _child_main(model_dir: str, out_path: str) -> None:
@@ -98,12 +98,11 @@ def _child_main(model_dir: str, out_path: str) -> None:
     hf = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=0)
     manager = FSDPShardingManager(model, engine, bucket_bytes=64 << 20, device="cpu")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    manager.track_optimizer(optimizer)
     sampled = _prompts(tokenizer, n=2, temperature=1.0)
     for step in range(2):
         with manager:
-            res[f"greedy{step}"] = to_plain(engine.generate_sequences(greedy))
-            res[f"sampled{step}"] = to_plain(engine.generate_sequences(sampled))
+            res[f"greedy{step}"] = to_plain(generate(engine, greedy))
+            res[f"sampled{step}"] = to_plain(generate(engine, sampled))
         res[f"sync{step}"] = dict(manager.last_metrics)
         res[f"tf_greedy{step}"], res[f"tf_top2_greedy{step}"] = _teacher_forced_top2(model, res[f"greedy{step}"])
         res[f"tf_sampled{step}"] = teacher_forced_log_probs(model, res[f"sampled{step}"])
@@ -111,17 +110,18 @@ def _child_main(model_dir: str, out_path: str) -> None:
             out = res["sampled0"]
             loss = -(_log_probs_with_grad(model, out) * out["response_mask"]).sum() / out["response_mask"].sum()
             loss.backward()
-            optimizer.step()  # the manager's hook marks the engine dirty
+            optimizer.step()
+            manager.mark_dirty()  # as the worker does after every update
             optimizer.zero_grad()
             res["tf_sampled0_after_step"] = teacher_forced_log_probs(model, out)
-    res["hf_greedy1"] = to_plain(hf.generate_sequences(greedy))
+    res["hf_greedy1"] = to_plain(generate(hf, greedy))
     # A second EOS id (as a generation_config.json may list): greedy row 0's first token stops it there.
     second = int(res["greedy1"]["responses"][0, 0])
     res["second_eos"] = second
     two_eos = _prompts(tokenizer, do_sample=False, eos_token_id=[EOS, second])
     with manager:
-        res["v_two_eos"] = to_plain(engine.generate_sequences(two_eos))
-    res["hf_two_eos"] = to_plain(hf.generate_sequences(two_eos))
+        res["v_two_eos"] = to_plain(generate(engine, two_eos))
+    res["hf_two_eos"] = to_plain(generate(hf, two_eos))
     torch.save(res, out_path)
     engine.shutdown()  # vLLM's teardown also destroys the default process group
     if dist.is_initialized():

@@ -15,6 +15,7 @@ import torch
 from rlhf_ops.config import load_config
 from rlhf_ops.padding import compute_position_ids
 from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from tests.support.training import start_actor_group
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.clients import ActorRolloutRefClient
@@ -23,6 +24,9 @@ from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker_group import RayWorkerGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
+
+# The rollout's settings (typed, as the controller passes them): temperature-1 sampling of 6 tokens.
+SAMPLING = SamplingParams(temperature=1.0, do_sample=True, response_length=6, eos_token_id=2, pad_token_id=0)
 
 
 def _group(tiny_model_dir: str, world: int, overrides: list[str]) -> tuple[RayResourcePool, RayWorkerGroup]:
@@ -51,8 +55,7 @@ def _synthetic_batch(num: int, *, prompt_len: int = 5, resp_len: int = 6, seed: 
             "old_log_probs": -4.0 + 0.1 * torch.randn(num, resp_len, generator=g),
             "advantages": torch.randn(num, resp_len, generator=g),
             "ref_log_prob": -4.0 + 0.1 * torch.randn(num, resp_len, generator=g),
-        },
-        meta_info={"temperature": 1.0},
+        }
     )
 
 
@@ -96,23 +99,14 @@ def _prompts(num: int) -> DataProto:
     mask = torch.ones_like(ids)
     mask[::2, 0] = 0  # ragged: every other prompt has one left pad
     ids[::2, 0] = 0
-    meta = {
-        "temperature": 1.0,
-        "do_sample": True,
-        "response_length": 6,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-    }
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}, meta_info=meta
-    )
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)})
 
 
 def test_rollout_log_probs_equal_the_actor_recompute(tiny_model_dir: str) -> None:
     pool, group = _group(tiny_model_dir, 2, [])
     try:
         client = ActorRolloutRefClient(group)
-        out = client.generate_sequences(_prompts(6))  # 6 rows over 2 ranks
+        out = client.generate_sequences(_prompts(6), SAMPLING)  # 6 rows over 2 ranks
         old = client.compute_log_prob(out, temperature=1.0).batch["old_log_probs"]  # its own stage
     finally:
         group.shutdown()
@@ -128,7 +122,7 @@ def test_a_dead_worker_fails_the_step_naming_role_and_rank(tiny_model_dir: str) 
     pids = group.call(ActorRolloutRefWorker.get_pid)
     os.kill(pids[1], signal.SIGKILL)
     with pytest.raises(WorkerGroupError) as info:
-        ActorRolloutRefClient(group).generate_sequences(_prompts(4))
+        ActorRolloutRefClient(group).generate_sequences(_prompts(4), SAMPLING)
     assert info.value.role == "actor_rollout_ref" and info.value.rank == 1
     assert group.closed
     pool.shutdown()

@@ -24,9 +24,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from rlhf_ops.sampling import SamplingParams
 from workers.sp.ulysses import SPShard, gather_seq, packed_causal_mask, shard_packed
 
 pytestmark = pytest.mark.integration
+
+# The rollout's settings (typed, as the controller passes them): temperature-1 sampling of 6 tokens.
+SAMPLING = SamplingParams(temperature=1.0, do_sample=True, response_length=6, eos_token_id=2, pad_token_id=0)
 
 WORLD = 2
 TIMEOUT_S = 420
@@ -348,8 +352,7 @@ def _training_batch() -> Any:
             "old_log_probs": -4.0 + 0.1 * torch.randn(num, resp_len, generator=g),
             "advantages": torch.randn(num, resp_len, generator=g),
             "ref_log_prob": -4.0 + 0.1 * torch.randn(num, resp_len, generator=g),
-        },
-        meta_info={"temperature": 1.0},
+        }
     )
 
 
@@ -361,10 +364,7 @@ def _prompts(num: int) -> Any:
     ids[:, 8] = torch.arange(num) % 10 + 7  # a different digit token per row
     mask = torch.ones_like(ids)
     mask[::2, 0], ids[::2, 0] = 0, 0  # ragged: every other prompt has one left pad
-    meta = {"temperature": 1.0, "do_sample": True, "response_length": 6, "eos_token_id": 2, "pad_token_id": 0}
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}, meta_info=meta
-    )
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)})
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -388,7 +388,7 @@ def test_actor_worker_with_sp2_matches_one_rank(tiny_model_dir: str) -> None:
             ref = client.compute_ref_log_prob(batch).batch["ref_log_prob"]
             results[world] = (ref, client.update_actor(batch))
             if world == 2:  # rollout (full sequences, SP off) then the SP recompute of the same samples
-                out = client.generate_sequences(_prompts(4))
+                out = client.generate_sequences(_prompts(4), SAMPLING)
                 # The driver sends the collected (SP leader's) samples to both ranks of the SP group.
                 old = client.compute_log_prob(out, temperature=1.0).batch["old_log_probs"]
         finally:

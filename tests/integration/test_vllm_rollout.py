@@ -30,6 +30,7 @@ import torch
 from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.padding import compute_position_ids, pad_sequences_left
 from rlhf_ops.protocol import DataProto
+from tests.support.rollout_calls import Call, generate
 from workers.rollout.hf_rollout import HFRollout
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.rollout.vllm_rollout import VLLMRollout
@@ -44,8 +45,8 @@ BUCKET_BYTES, SMALL_BUCKET_BYTES = 48 << 10, 20 << 10  # 20 KiB < one MLP matrix
 SKIP_EXIT = 77
 
 
-def make_prompts(**meta: Any) -> DataProto:
-    """The three prompts left-padded to (3, 8), with a uid column and ``meta`` as meta_info."""
+def make_prompts(**settings: Any) -> Call:
+    """The three prompts left-padded to (3, 8), with a uid column, to sample with ``settings``."""
     input_ids = pad_sequences_left(PROMPTS, pad_value=PAD)
     attention_mask = pad_sequences_left([[1] * len(p) for p in PROMPTS], pad_value=0)
     tensors = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -53,7 +54,7 @@ def make_prompts(**meta: Any) -> DataProto:
     import numpy as np
 
     uids = np.array([f"p{i}" for i in range(len(PROMPTS))], dtype=object)
-    return DataProto.from_dict(tensors, non_tensors={"uid": uids}, meta_info=meta)
+    return Call(DataProto.from_dict(tensors, non_tensors={"uid": uids}), settings)
 
 
 def to_plain(out: DataProto) -> dict[str, Any]:
@@ -107,7 +108,6 @@ def _child_main(model_dir: str, out_path: str) -> None:
     res: dict[str, Any] = {"engine_start_s": time.perf_counter() - start}
     manager = FSDPShardingManager(model, engine, bucket_bytes=BUCKET_BYTES, device="cpu")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    manager.track_optimizer(optimizer)
     _run_scenarios(model, hf, engine, manager, optimizer, res)
     torch.save(res, out_path)
     engine.shutdown()  # vLLM's teardown also destroys the default process group
@@ -126,40 +126,41 @@ def _run_scenarios(
     greedy = make_prompts(do_sample=False)
     with manager:  # first entry: syncs (the manager starts dirty); the weights equal the checkpoint's
         start = time.perf_counter()
-        res["v_greedy0"] = to_plain(engine.generate_sequences(greedy))
+        res["v_greedy0"] = to_plain(generate(engine, greedy))
         res["first_generate_s"] = time.perf_counter() - start
     res["sync0"] = dict(manager.last_metrics)
-    res["hf_greedy0"] = to_plain(hf.generate_sequences(greedy))
+    res["hf_greedy0"] = to_plain(generate(hf, greedy))
     # An EOS that row 0 produces (not the pad id): both engines must cut row 0 there and pad after it.
     eos = next(int(t) for t in res["v_greedy0"]["responses"][0, 2:] if int(t) != PAD)
     res["eos_id"] = eos
     eos_prompts = make_prompts(do_sample=False, eos_token_id=eos, n=2)  # greedy n=2: two equal rows per prompt
-    res["v_eos"] = to_plain(engine.generate_sequences(eos_prompts))
-    res["hf_eos"] = to_plain(hf.generate_sequences(eos_prompts))
+    res["v_eos"] = to_plain(generate(engine, eos_prompts))
+    res["hf_eos"] = to_plain(generate(hf, eos_prompts))
     try:  # 8 prompt tokens + 13 > max_model_len = 8 + 12: rejected before generating
-        engine.generate_sequences(make_prompts(response_length=R + 1))
+        generate(engine, make_prompts(response_length=R + 1))
         res["too_long_error"] = ""
     except ValueError as exc:
         res["too_long_error"] = str(exc)
     sampled = make_prompts(n=2, temperature=0.8, top_k=20, top_p=0.9)
     with manager:  # nothing changed since the last sync: skipped
-        res["v_sample"] = to_plain(engine.generate_sequences(sampled))
+        res["v_sample"] = to_plain(generate(engine, sampled))
     res["sync_skipped"] = dict(manager.last_metrics)
     res["tf_sample"] = teacher_forced_log_probs(model, res["v_sample"])
 
     # One Adam step on the NLL of the greedy responses (lr 1e-2 moves every weight by ~1e-2; init std 0.02).
     loss = -(teacher_forced_grad(model, res["v_greedy0"]) * res["v_greedy0"]["response_mask"]).mean()
     loss.backward()
-    optimizer.step()  # the manager's hook marks it dirty
+    optimizer.step()
+    manager.mark_dirty()  # as the worker does after every update
     optimizer.zero_grad()
     with manager:
-        res["v_greedy1"] = to_plain(engine.generate_sequences(greedy))
+        res["v_greedy1"] = to_plain(generate(engine, greedy))
     res["sync1"] = dict(manager.last_metrics)
-    res["hf_greedy1"] = to_plain(hf.generate_sequences(greedy))
+    res["hf_greedy1"] = to_plain(generate(hf, greedy))
 
     small = FSDPShardingManager(model, engine, bucket_bytes=SMALL_BUCKET_BYTES, device="cpu")
     with small:  # same weights again, in smaller buckets: the output must not change
-        res["v_greedy2"] = to_plain(engine.generate_sequences(greedy))
+        res["v_greedy2"] = to_plain(generate(engine, greedy))
     res["sync_small"] = dict(small.last_metrics)
 
 

@@ -21,7 +21,6 @@ from workers.single_controller import (
     RayWorkerGroup,
     Worker,
     WorkerGroupError,
-    create_colocated_worker_groups,
     register,
     wait_all,
 )
@@ -120,7 +119,19 @@ class TestColocatedGroups:
         }
         with RayResourcePool([2], use_gpu=False, num_cpus_per_process=1.0, name_prefix="t_coloc") as pool:
             # a pending (unplaceable) actor would hit the 60 s start-up limit instead of hanging
-            groups = create_colocated_worker_groups(pool, roles, backend="gloo", init_timeout_s=60)
+            # as the launcher builds them: one group per role on the same bundles, 1/len(roles) of each
+            groups = {
+                role: RayWorkerGroup(
+                    pool,
+                    cls,
+                    worker_kwargs=kwargs,
+                    name_prefix=role,
+                    backend="gloo",
+                    resource_share=1.0 / len(roles),
+                    init_timeout_s=60,
+                )
+                for role, (cls, kwargs) in roles.items()
+            }
             yield groups
             for group in groups.values():
                 group.shutdown()

@@ -22,7 +22,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from rlhf_ops.entrypoints.local_stack import start_ray_head  # noqa: E402
+from rlhf_ops.pipeline.local_stack import start_ray_head  # noqa: E402
 from tests.e2e.test_pipeline_dag import BUCKET, pipeline_run  # noqa: E402,F401  (the harness's run fixture)
 from tests.reliability.conftest import Figures  # noqa: E402
 from tests.reliability.test_secrets import (  # noqa: E402

@@ -37,12 +37,12 @@ from typing import Any
 import psutil
 import requests
 
-from rlhf_ops.entrypoints.local_stack import free_ports
+from rlhf_ops.pipeline.local_stack import free_ports
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 _HEALTH_PARTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")  # GET /api/v2/monitor/health
 USERNAME = "admin"
-# The pipelines' default cluster pool (dags/rlhf_pipeline/pools.py): the scheduler runs no task of a missing pool.
+# The pipelines' default cluster pool (plugins/rlhf_airflow/pools.py): the scheduler runs no task of a missing pool.
 CLUSTER_POOLS = {"rlhf_cluster": 4}
 PG_HOST, PG_PORT, PG_USER = "127.0.0.1", 5432, "postgres"
 

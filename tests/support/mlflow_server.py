@@ -1,5 +1,5 @@
 """A real ``mlflow server`` for tests, as a context manager over the demo's own starter
-(:func:`rlhf_ops.entrypoints.local_stack.start_mlflow_server`: SQLite backend, proxied file artifacts,
+(:func:`rlhf_ops.pipeline.local_stack.start_mlflow_server`: SQLite backend, proxied file artifacts,
 127.0.0.1 on a free port, its own process group, stopped by PID)::
 
     with mlflow_server() as tracking_uri:
@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlhf_ops.entrypoints.local_stack import start_mlflow_server
+from rlhf_ops.pipeline.local_stack import start_mlflow_server
 
 
 @contextlib.contextmanager

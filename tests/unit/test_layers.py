@@ -11,12 +11,13 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSITION_ROOT = {"rlhf_ops.entrypoints", "rlhf_ops.cli"}
+ROOTS = {"workers.entrypoints", "rlhf_airflow.demo"}  # the composition roots: nothing imports them
 
 
-def _contract(contract_id: str) -> dict[str, object]:
+def _contract(contract_id: str) -> dict[str, Any]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     (found,) = [c for c in config["contracts"] if c["id"] == contract_id]
     return dict(found)
@@ -34,12 +35,24 @@ def test_lint_imports_keeps_every_contract() -> None:
     assert "0 broken" in done.stdout
 
 
-def test_the_library_contract_names_every_part_of_rlhf_ops_but_the_composition_root() -> None:
-    # A new subpackage of rlhf_ops would otherwise escape the "library never imports workers" contract.
-    parts = {
-        f"rlhf_ops.{p.stem}"
-        for p in (ROOT / "rlhf_ops").iterdir()
+def _parts(package: str, folder: Path) -> set[str]:
+    return {
+        f"{package}.{p.stem}"
+        for p in folder.iterdir()
         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
     }
-    assert set(_contract("library")["source_modules"]) == parts - COMPOSITION_ROOT  # type: ignore[arg-type]
-    assert COMPOSITION_ROOT <= parts
+
+
+def test_the_whole_library_is_barred_from_the_layers_above() -> None:
+    # No part of rlhf_ops is exempt: its CLI runs the training and the demo by module path, never by import.
+    assert _contract("library")["source_modules"] == ["rlhf_ops"]
+    assert not list((ROOT / "rlhf_ops").glob("entrypoints/*.py"))  # the old home of the composition root
+
+
+def test_the_composition_root_contract_names_every_other_part_of_workers_and_plugins() -> None:
+    # A new module of workers/ or plugins/ would otherwise escape "nothing imports the composition roots".
+    parts = _parts("workers", ROOT / "workers") | _parts("rlhf_airflow", ROOT / "plugins" / "rlhf_airflow")
+    assert ROOTS <= parts
+    contract = _contract("composition-root")
+    assert set(contract["source_modules"]) == (parts - ROOTS) | {"rlhf_pipeline"}
+    assert set(contract["forbidden_modules"]) == ROOTS

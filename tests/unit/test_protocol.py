@@ -26,7 +26,7 @@ def make(n: int = 5, **meta: object) -> DataProto:
     return DataProto.from_dict(
         {"ids": ids, "score": torch.arange(n, dtype=torch.float32) / 2},
         non_tensors={"uid": [f"u{i}" for i in range(n)]},
-        meta_info=meta or {"temperature": 0.7},
+        meta_info=meta or {"timing": {"gen": 0.7}},
     )
 
 
@@ -54,7 +54,7 @@ def test_from_dict_builds_batch_columns_and_meta():
     assert data.batch is not None and data.batch.batch_size == torch.Size([3])
     assert data.non_tensor_batch["uid"].dtype == object
     assert data.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2"]
-    assert data.meta_info == {"temperature": 0.7}
+    assert data.meta_info == {"timing": {"gen": 0.7}}
 
 
 def test_from_dict_length_mismatch_names_both_keys():
@@ -91,12 +91,14 @@ def test_columns_of_equal_length_lists_stay_one_dimensional():
 def test_meta_unknown_key_and_wrong_type():
     with pytest.raises(ValueError, match="meta_info key 'temprature' is unknown.*Add it to MetaInfo"):
         DataProto.from_dict({"a": torch.zeros(2)}, meta_info={"temprature": 1.0})
-    with pytest.raises(TypeError, match=r"meta_info\['temperature'\] must be"):
-        DataProto.from_dict({"a": torch.zeros(2)}, meta_info={"temperature": "0.7"})
-    with pytest.raises(TypeError, match=r"meta_info\['micro_batch_size'\]"):
-        DataProto.from_dict({"a": torch.zeros(2)}, meta_info={"micro_batch_size": True})  # bool is not an int here
-    ok = {"temperature": 1, "eos_token_id": [2, 3], "global_token_num": [np.int64(4)], "metrics": {}}
-    assert DataProto.from_dict({"a": torch.zeros(2)}, meta_info=ok).meta_info["eos_token_id"] == [2, 3]
+    with pytest.raises(TypeError, match=r"meta_info\['timing'\] must be"):
+        DataProto.from_dict({"a": torch.zeros(2)}, meta_info={"timing": 0.7})
+    # Control values are arguments now, never meta_info: the old keys are refused like a typo.
+    for old in ("temperature", "global_steps", "n", "micro_batch_size"):
+        with pytest.raises(ValueError, match=f"meta_info key '{old}' is unknown"):
+            DataProto.from_dict({"a": torch.zeros(2)}, meta_info={old: 1})
+    ok = {"timing": {"gen": 1.0}, "metrics": {}}
+    assert DataProto.from_dict({"a": torch.zeros(2)}, meta_info=ok).meta_info["timing"] == {"gen": 1.0}
 
 
 def test_len_without_tensors_and_empty():
@@ -116,7 +118,7 @@ def test_int_index_returns_a_row_item():
     item = make()[-2]
     assert isinstance(item, DataProtoItem)
     assert item.batch is not None and item.batch["ids"].tolist() == [30, 35]
-    assert item.non_tensor_batch == {"uid": "u3"} and item.meta_info == {"temperature": 0.7}
+    assert item.non_tensor_batch == {"uid": "u3"} and item.meta_info == {"timing": {"gen": 0.7}}
     with pytest.raises(IndexError, match="row 5 is out of range"):
         make()[5]
 
@@ -156,7 +158,7 @@ def test_select_shares_storage_unless_deepcopy():
     assert list(sel.batch.keys()) == ["ids"] and list(sel.non_tensor_batch) == ["uid"] and sel.meta_info == {}
     assert sel.batch["ids"].data_ptr() == data.batch["ids"].data_ptr()
     everything = data.select()
-    assert set(everything.batch.keys()) == {"ids", "score"} and everything.meta_info == {"temperature": 0.7}
+    assert set(everything.batch.keys()) == {"ids", "score"} and everything.meta_info == {"timing": {"gen": 0.7}}
     deep = data.select(deepcopy=True)
     deep.batch["ids"][0, 0] = 99
     deep.non_tensor_batch["uid"][0] = "changed"
@@ -167,14 +169,14 @@ def test_select_missing_key_raises_key_error():
     with pytest.raises(KeyError, match="batch has no key\\(s\\) \\['values'\\]"):
         make().select(["values"])
     with pytest.raises(KeyError, match="meta_info has no key"):
-        make().select(meta_info_keys=["n"])
+        make().select(meta_info_keys=["metrics"])
 
 
 def test_pop_removes_from_self_and_returns_popped():
     data = make()
-    popped = data.pop(["score"], non_tensor_batch_keys=["uid"], meta_info_keys=["temperature"])
+    popped = data.pop(["score"], non_tensor_batch_keys=["uid"], meta_info_keys=["timing"])
     assert list(popped.batch.keys()) == ["score"] and list(popped.non_tensor_batch) == ["uid"]
-    assert popped.meta_info == {"temperature": 0.7}
+    assert popped.meta_info == {"timing": {"gen": 0.7}}
     assert list(data.batch.keys()) == ["ids"] and data.non_tensor_batch == {} and data.meta_info == {}
     assert len(data) == len(popped) == 5
     with pytest.raises(KeyError):
@@ -201,15 +203,15 @@ def test_union_merges_and_accepts_equal_shared_keys():
     other = DataProto.from_dict(
         {"ids": data.batch["ids"].clone(), "score": data.batch["score"].clone(), "values": torch.ones(5)},
         non_tensors={"uid": data.non_tensor_batch["uid"].copy(), "data_source": ["s"] * 5},
-        meta_info={"temperature": 0.7, "global_steps": 2},
+        meta_info={"timing": {"gen": 0.7}, "metrics": {"x": 2}},
     )
     merged = data.union(other)
     assert set(merged.batch.keys()) == {"ids", "score", "values"}
     assert set(merged.non_tensor_batch) == {"uid", "data_source"}
-    assert merged.meta_info == {"temperature": 0.7, "global_steps": 2}
+    assert merged.meta_info == {"timing": {"gen": 0.7}, "metrics": {"x": 2}}
     assert set(data.batch.keys()) == {"ids", "score"}  # self unchanged
-    meta_only = data.union(DataProto(meta_info={"global_steps": 1}))
-    assert len(meta_only) == 5 and meta_only.meta_info["global_steps"] == 1
+    meta_only = data.union(DataProto(meta_info={"metrics": {"x": 1}}))
+    assert len(meta_only) == 5 and meta_only.meta_info["metrics"] == {"x": 1}
 
 
 @pytest.mark.parametrize(
@@ -217,7 +219,7 @@ def test_union_merges_and_accepts_equal_shared_keys():
     [
         (DataProto.from_dict({"ids": torch.zeros(5, 2, dtype=torch.long)}), r"batch\['ids'\]"),
         (DataProto.from_dict(non_tensors={"uid": ["x"] * 5}), r"non_tensor_batch\['uid'\]"),
-        (DataProto(meta_info={"temperature": 1.0}), r"meta_info\['temperature'\]"),
+        (DataProto(meta_info={"timing": {"gen": 1.0}}), r"meta_info\['timing'\]"),
     ],
 )
 def test_union_conflict_names_the_key(other: DataProto, where: str):
@@ -254,14 +256,14 @@ def test_split_last_piece_shorter():
 
 
 def test_concat_keeps_first_meta_and_merges_metrics():
-    a = make(2, temperature=1.0, metrics={"loss": 0.5, "lr": [1e-6, 2e-6]})
-    b = make(3, temperature=0.2, metrics={"loss": 0.25})
+    a = make(2, timing={"gen": 1.0}, metrics={"loss": 0.5, "lr": [1e-6, 2e-6]})
+    b = make(3, timing={"gen": 0.2}, metrics={"loss": 0.25})
     b.non_tensor_batch["uid"] = np.array(["v0", "v1", "v2"], dtype=object)
     out = DataProto.concat([a, b])
     assert len(out) == 5 and rows(out) == [0, 1, 0, 1, 2]
     assert out.non_tensor_batch["uid"].tolist() == ["u0", "u1", "v0", "v1", "v2"]
-    # temperature from the first item; metrics: scalars appended, lists extended, in item order
-    assert out.meta_info == {"temperature": 1.0, "metrics": {"loss": [0.5, 0.25], "lr": [1e-6, 2e-6]}}
+    # timing from the first item; metrics: scalars appended, lists extended, in item order
+    assert out.meta_info == {"timing": {"gen": 1.0}, "metrics": {"loss": [0.5, 0.25], "lr": [1e-6, 2e-6]}}
 
 
 def test_concat_errors():
@@ -333,7 +335,7 @@ def test_to_cuda_and_back():
 # ----------------------------------------------------------------------------------------- pickling
 @pytest.mark.parametrize("dumps", [pickle.dumps, cloudpickle.dumps, copy.deepcopy])
 def test_pickle_round_trip(dumps):
-    data = make(temperature=0.7, metrics={"a": [1.0]})
+    data = make(timing={"gen": 0.7}, metrics={"a": [1.0]})
     blob = dumps(data)
     restored = blob if isinstance(blob, DataProto) else pickle.loads(blob)
     assert_same(restored, data)

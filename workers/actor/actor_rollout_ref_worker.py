@@ -253,25 +253,20 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(
         self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
     ) -> DataProto:
-        """Rollout of ``prompts`` with ``sampling`` (None: the engine's defaults, overridden by sampling keys
-        in ``prompts.meta_info``); ``step`` reseeds the engine from (seed, step) so a resumed run resamples
-        the uninterrupted run's responses. The actor's log-probs are their own stage (:meth:`compute_log_prob`).
+        """Rollout of ``prompts`` with ``sampling`` (None: the engine's defaults); ``step`` reseeds the engine
+        from (seed, step) so a resumed run resamples the uninterrupted run's responses. The actor's log-probs
+        are their own stage (:meth:`compute_log_prob`).
         """
         self._need("rollout", "generate_sequences")
         assert self.rollout is not None
         prompts = prompts.to(self.device)
-        # The engines' contract (workers.rollout.base) reads the call's settings from meta_info.
-        if sampling is not None:
-            prompts.meta_info.update(sampling.to_meta())
-        if step is not None:
-            prompts.meta_info["global_steps"] = step
         if self.sharding_manager is not None:
             with self.sharding_manager:  # syncs the actor's weights into the engine when they changed
-                out = self.rollout.generate_sequences(prompts)
+                out = self.rollout.generate_sequences(prompts, sampling, step)
             timing = dict(out.meta_info.get("timing") or {})
             timing["update_weights"] = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
         else:
-            out = self.rollout.generate_sequences(prompts)
+            out = self.rollout.generate_sequences(prompts, sampling, step)
             timing = dict(out.meta_info.get("timing") or {})
         out.meta_info["timing"] = timing
         return out.to("cpu")

@@ -35,11 +35,11 @@ from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
-from workers.fsdp.optim import clipped_optimizer_step
+from workers.fsdp.update_loop import MiniBatchUpdate
 from workers.sp.ulysses import ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, all_reduce, global_counts
+from workers.utils.dist import MetricAccumulator, all_reduce
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
-from workers.utils.micro_batch import make_micro_batches, split_mini_batches
+from workers.utils.micro_batch import split_mini_batches
 
 __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 
@@ -205,9 +205,7 @@ class DataParallelPPOActor:
         return log_probs, entropy
 
     # ------------------------------------------------------------------------------------------- update
-    def update_policy(
-        self, data: DataProto, *, temperature: float | None = None, step: int | None = None
-    ) -> dict[str, float]:
+    def update_policy(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> dict[str, float]:
         """PPO epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation).
 
         Args:
@@ -217,9 +215,9 @@ class DataParallelPPOActor:
                 update's own detached log-probs stand in for them (verl, TRL), and with ``rollout_log_probs``
                 present the returned metrics add ``training/rollout_probs_diff_{max,mean}`` of those
                 pre-step log-probs.
-            temperature: The temperature the old log-probs were computed with (None: ``meta_info``'s, else 1).
+            temperature: The temperature the old log-probs were computed with.
             step: Seeds the mini-batch shuffle with the global step, so a resumed run shuffles as the
-                uninterrupted one (None: ``meta_info['global_steps']``, else the count of updates).
+                uninterrupted one (None: the count of updates).
 
         Returns:
             Global metrics (identical on every rank; loss values are mini-batch losses averaged over the
@@ -240,8 +238,6 @@ class DataParallelPPOActor:
             raise ValueError("update_policy needs an optimizer; build the actor with build_optimizer(...).")
         keys = (*_UPDATE_KEYS, "ref_log_prob") if self.algorithm.use_kl_loss else _UPDATE_KEYS
         present = set(data.batch.keys()) if data.batch is not None else set()
-        if temperature is None:
-            temperature = float(data.meta_info.get("temperature", 1.0))
         if "old_log_probs" in present or not self.on_policy:
             keys = (*keys, "old_log_probs")
         elif "rollout_log_probs" in present and temperature == 1.0:
@@ -253,7 +249,7 @@ class DataParallelPPOActor:
             keys = (*keys, "rollout_log_probs")
         _require(data, keys, "update_policy")
         data = data.select(list(_with_media(data, keys)))
-        step_seed = step if step is not None else int(data.meta_info.get("global_steps", self._num_updates))
+        step_seed = step if step is not None else self._num_updates
         self.module.train()
         acc = MetricAccumulator(self.device)
         tokens, trained, planned, stopped = 0, 0, 0, False
@@ -311,36 +307,32 @@ class DataParallelPPOActor:
         """Accumulates the gradient of one mini-batch and steps, unless the KL early stop fires (then the
         gradient is dropped); returns the valid tokens it forwarded and whether it stopped."""
         assert mini.batch is not None and self.optimizer is not None
-        num_tokens, num_seqs = global_counts(mini.batch["response_mask"], group=self.dp_group)
-        micro_batches, _ = make_micro_batches(
-            mini,
-            use_dynamic_bsz=self.plan.use_dynamic_bsz,
-            micro_batch_size=self.plan.micro_batch_size_per_rank,
-            max_token_len=self.plan.max_token_len_per_rank,
+        update = MiniBatchUpdate(
+            "actor",
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            plan=self.plan,
+            grad_clip=self.config.grad_clip,
+            loss_scale=self.loss_scale,
             dp_group=self.dp_group,
         )
-        kl_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        kl_tokens = torch.zeros((), device=self.device, dtype=torch.float64)
-        # Gradient accumulation: backward per micro-batch, one optimizer step per mini-batch. The loss of each
-        # micro-batch is normalised by the mini-batch's global counts (num_tokens, num_seqs), not its own, so
-        # the accumulated gradient is the same however the mini-batch was split (rows per micro-batch, ranks).
-        for micro in micro_batches:
+        kl = [torch.zeros((), device=self.device, dtype=torch.float64) for _ in range(2)]  # summed k3, tokens
+
+        def micro_loss(micro: DataProto, num_tokens: float, num_seqs: float) -> Tensor:
             loss, micro_kl_sum, micro_tokens = self._micro_batch_loss(
                 micro, acc, num_tokens=num_tokens, num_seqs=num_seqs, temperature=temperature
             )
-            (loss * self.loss_scale).backward()  # FSDP averages over dp x sp ranks; this makes it the sum
-            kl_sum, kl_tokens = kl_sum + micro_kl_sum, kl_tokens + micro_tokens
-        if self._kl_early_stop(kl_sum, kl_tokens):
-            # Spinning Up's rule: no step on a mini-batch whose policy already moved too far from the old one.
-            self.optimizer.zero_grad(set_to_none=True)
-            acc.num_steps += 1  # its loss metrics were accumulated: average them over it too
-            return int(mini.batch["attention_mask"].sum()), True
-        result = clipped_optimizer_step(self.module, self.optimizer, self.lr_scheduler, max_norm=self.config.grad_clip)
-        acc.num_steps += 1
-        acc.add_step("actor/grad_norm", result.grad_norm)
-        acc.add_step("actor/lr", result.lr)
-        acc.add_step("actor/skipped_step_frac", float(result.skipped))
-        return int(mini.batch["attention_mask"].sum()), False
+            kl[0], kl[1] = kl[0] + micro_kl_sum, kl[1] + micro_tokens
+            return loss
+
+        update.accumulate(mini, micro_loss)
+        stopped = self._kl_early_stop(kl[0], kl[1])
+        if stopped:  # Spinning Up's rule: no step on a mini-batch whose policy already moved too far from the old one
+            update.drop(acc)
+        else:
+            update.step(acc)
+        return int(mini.batch["attention_mask"].sum()), stopped
 
     def _micro_batch_loss(
         self, micro: DataProto, acc: MetricAccumulator, *, num_tokens: float, num_seqs: float, temperature: float

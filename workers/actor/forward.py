@@ -22,8 +22,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlhf_ops.algorithms import logprobs_and_entropy
-from workers.sp.ulysses import shard_packed, sp_world_size, ulysses_sequence_parallel
-from workers.utils.remove_padding import PackedBatch, pack_sequences, scatter_response
+from workers.sp.ulysses import sp_world_size
+from workers.utils.forward_runner import forward_packed
+from workers.utils.remove_padding import pack_sequences, scatter_response
 
 __all__ = ["response_log_probs", "supports_logits_to_keep"]
 
@@ -33,35 +34,25 @@ def supports_logits_to_keep(module: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(type(module).forward).parameters
 
 
-def _response_logits(
+def _padded_logits(
     module: nn.Module,
     *,
     input_ids: Tensor,
     attention_mask: Tensor,
     position_ids: Tensor,
     response_length: int,
-    use_remove_padding: bool,
     keep_logits: bool,
     pixel_values: Tensor | None = None,
-) -> tuple[Tensor, Tensor, PackedBatch | None]:
-    """(logits of the predicting positions, their labels, packing info or None)."""
-    media: dict[str, Tensor] = {} if pixel_values is None else {"pixel_values": pixel_values.flatten(0, 1)}
-    if use_remove_padding:
-        packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
-        extra: dict[str, Tensor | int] = {"logits_to_keep": packed.keep} if keep_logits else {}
-        extra.update(media)
-        out = module(
-            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False, **extra
-        )
-        logits = out.logits[0] if keep_logits else out.logits[0, packed.keep]  # (K, V)
-        return logits, packed.labels, packed
-    extra = {"logits_to_keep": response_length + 1} if keep_logits else {}  # (b, R + 1, V)
-    extra.update(media)
+) -> tuple[Tensor, Tensor]:
+    """(logits (b, R, V) of the positions predicting the response tokens, their labels (b, R)) of a padded batch."""
+    extra: dict[str, Tensor | int] = {"logits_to_keep": response_length + 1} if keep_logits else {}  # (b, R + 1, V)
+    if pixel_values is not None:
+        extra["pixel_values"] = pixel_values.flatten(0, 1)
     out = module(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **extra
     )
     logits = out.logits[:, -response_length - 1 : -1]  # (b, R, V)
-    return logits, input_ids[:, -response_length:], None
+    return logits, input_ids[:, -response_length:]
 
 
 def _token_log_probs(
@@ -76,38 +67,6 @@ def _token_log_probs(
     if not calculate_entropy:
         return log_probs, None
     return log_probs, entropy if entropy_requires_grad else entropy.detach()
-
-
-def _sp_packed_log_probs(
-    module: nn.Module,
-    packed: PackedBatch,
-    *,
-    sp_group: dist.ProcessGroup | None,
-    keep_logits: bool,
-    temperature: float,
-    calculate_entropy: bool,
-    entropy_requires_grad: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """Ulysses forward of this rank's slice of ``packed``; log-probs (K,) (and entropy) of every kept position."""
-    shard = shard_packed(packed.input_ids, packed.position_ids, group=sp_group)
-    local, index = shard.select(packed.keep)  # (K,) bool, (k_r,) local columns predicting response tokens
-    extra: dict[str, Tensor] = {"logits_to_keep": index} if keep_logits else {}
-    with ulysses_sequence_parallel(sp_group):
-        out = module(
-            input_ids=shard.input_ids, position_ids=shard.position_ids, attention_mask=None, use_cache=False, **extra
-        )
-    logits = out.logits[0] if keep_logits else out.logits[0, index]  # (k_r, V)
-    log_probs, entropy = _token_log_probs(
-        logits,
-        packed.labels[local],
-        temperature=temperature,
-        calculate_entropy=calculate_entropy,
-        entropy_requires_grad=entropy_requires_grad,
-    )
-    log_probs = shard.gather(log_probs, index)[packed.keep]  # (N_pad,) over the group -> (K,)
-    if entropy is not None:
-        entropy = shard.gather(entropy, index)[packed.keep]
-    return log_probs, entropy
 
 
 def response_log_probs(
@@ -149,33 +108,29 @@ def response_log_probs(
         unspecified values (zeros, the pad token's log-prob, or the next packed sequence's token's); mask them.
     """
     stats = {"calculate_entropy": calculate_entropy, "entropy_requires_grad": entropy_requires_grad}
-    if sp_world_size(sp_group) > 1:  # Ulysses always shards the packed row (use_remove_padding implied)
-        if pixel_values is not None:
-            raise ValueError(
-                "actor.ulysses_sequence_parallel_size > 1 does not shard image tokens; set it to 1 for a "
-                "vision-language policy"
-            )
-        packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
-        log_probs, entropy = _sp_packed_log_probs(
-            module, packed, sp_group=sp_group, keep_logits=keep_logits, temperature=temperature, **stats
+    sp = sp_world_size(sp_group) > 1
+    if sp and pixel_values is not None:
+        raise ValueError(
+            "actor.ulysses_sequence_parallel_size > 1 does not shard image tokens; set it to 1 for a "
+            "vision-language policy"
         )
-    else:
-        logits, labels, maybe_packed = _response_logits(
+    if not (use_remove_padding or sp):  # Ulysses always shards the packed row (use_remove_padding implied)
+        logits, labels = _padded_logits(
             module,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             response_length=response_length,
-            use_remove_padding=use_remove_padding,
             keep_logits=keep_logits,
             pixel_values=pixel_values,
         )
-        log_probs, entropy = _token_log_probs(logits, labels, temperature=temperature, **stats)
-        if maybe_packed is None:
-            return log_probs, entropy
-        packed = maybe_packed
+        return _token_log_probs(logits, labels, temperature=temperature, **stats)
+    packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+    media = None if pixel_values is None else {"pixel_values": pixel_values.flatten(0, 1)}
+    fwd = forward_packed(module, packed, sp_group=sp_group, keep_logits=keep_logits, media=media)
+    log_probs, entropy = _token_log_probs(fwd.outputs, fwd.labels, temperature=temperature, **stats)
     rows = input_ids.shape[0]
-    log_probs = scatter_response(log_probs, packed, batch_size=rows, response_length=response_length)
+    log_probs = scatter_response(fwd.collect(log_probs), packed, batch_size=rows, response_length=response_length)
     if entropy is not None:
-        entropy = scatter_response(entropy, packed, batch_size=rows, response_length=response_length)
+        entropy = scatter_response(fwd.collect(entropy), packed, batch_size=rows, response_length=response_length)
     return log_probs, entropy

@@ -22,11 +22,11 @@ from rlhf_ops.algorithms import compute_value_loss
 from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig
 from rlhf_ops.protocol import DataProto
-from workers.fsdp.optim import clipped_optimizer_step
-from workers.sp.ulysses import shard_packed, ulysses_sequence_parallel
-from workers.utils.dist import MetricAccumulator, global_counts
-from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
-from workers.utils.micro_batch import make_micro_batches, split_mini_batches
+from workers.fsdp.update_loop import MiniBatchUpdate
+from workers.sp.ulysses import ulysses_sequence_parallel
+from workers.utils.dist import MetricAccumulator
+from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches, forward_packed
+from workers.utils.micro_batch import split_mini_batches
 from workers.utils.remove_padding import pack_sequences, scatter_response
 
 __all__ = ["DataParallelPPOCritic"]
@@ -100,21 +100,10 @@ class DataParallelPPOCritic:
         attention_mask = batch["attention_mask"].to(self.device)
         position_ids = batch["position_ids"].to(self.device)
         response_length = batch["responses"].shape[-1]
-        if self.sp_size > 1:
+        if self.config.use_remove_padding or self.sp_size > 1:  # Ulysses shards the packed row
             packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
-            shard = shard_packed(packed.input_ids, packed.position_ids, group=self.sp_group)
-            with ulysses_sequence_parallel(self.sp_group):
-                out = self.module(
-                    input_ids=shard.input_ids, position_ids=shard.position_ids, attention_mask=None, use_cache=False
-                )
-            values = shard.gather(out.logits[0, :, 0].float())[packed.keep]  # (n,) -> (N_pad,) -> (K,)
-            return scatter_response(values, packed, batch_size=input_ids.shape[0], response_length=response_length)
-        if self.config.use_remove_padding:
-            packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
-            out = self.module(
-                input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
-            )
-            values = out.logits[0, packed.keep, 0].float()  # (K,)
+            fwd = forward_packed(self.module, packed, sp_group=self.sp_group)  # logits (k, 1) at kept positions
+            values = fwd.collect(fwd.outputs[:, 0].float())  # (K,)
             return scatter_response(values, packed, batch_size=input_ids.shape[0], response_length=response_length)
         out = self.module(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
@@ -177,38 +166,41 @@ class DataParallelPPOCritic:
 
     def _update_mini_batch(self, mini: DataProto, acc: MetricAccumulator) -> int:
         assert mini.batch is not None and self.optimizer is not None
-        num_tokens, num_seqs = global_counts(mini.batch["response_mask"], group=self.dp_group)
-        micro_batches, _ = make_micro_batches(
-            mini,
-            use_dynamic_bsz=self.plan.use_dynamic_bsz,
-            micro_batch_size=self.plan.micro_batch_size_per_rank,
-            max_token_len=self.plan.max_token_len_per_rank,
+        update = MiniBatchUpdate(
+            "critic",
+            self.module,
+            self.optimizer,
+            self.lr_scheduler,
+            plan=self.plan,
+            grad_clip=self.config.grad_clip,
+            loss_scale=self.loss_scale,
             dp_group=self.dp_group,
         )
-        for micro in micro_batches:
-            batch = micro.batch
-            assert batch is not None
-            mask = batch["response_mask"].to(self.device)
-            vpreds = self._forward(micro)
-            vf_loss, vf_metrics = compute_value_loss(
-                vpreds,
-                batch["returns"].to(self.device),
-                batch["values"].to(self.device),
-                mask,
-                cliprange_value=self.config.cliprange_value,
-                loss_agg_mode=self.algorithm.loss_agg_mode,
-                global_num_tokens=num_tokens,
-                global_num_seqs=num_seqs,
-                norm_len=float(mask.shape[-1]),
-            )
-            (vf_loss * self.loss_scale).backward()  # FSDP averages over dp x sp ranks; this makes it the sum
-            weight = mask.sum()
-            acc.add_sum("critic/vf_loss", vf_loss.detach())
-            acc.add_mean("critic/vf_clipfrac", vf_metrics["critic/vf_clipfrac"], weight)
-            acc.add_mean("critic/vpred_mean", (vpreds.detach() * mask).sum() / weight.clamp(min=1), weight)
-        result = clipped_optimizer_step(self.module, self.optimizer, self.lr_scheduler, max_norm=self.config.grad_clip)
-        acc.num_steps += 1
-        acc.add_step("critic/grad_norm", result.grad_norm)
-        acc.add_step("critic/lr", result.lr)
-        acc.add_step("critic/skipped_step_frac", float(result.skipped))
+        update.accumulate(mini, lambda micro, tokens, seqs: self._micro_batch_loss(micro, acc, tokens, seqs))
+        update.step(acc)
         return int(mini.batch["attention_mask"].sum())
+
+    def _micro_batch_loss(
+        self, micro: DataProto, acc: MetricAccumulator, num_tokens: float, num_seqs: float
+    ) -> Tensor:
+        """This micro-batch's share of the mini-batch's clipped value loss (normalised by the global counts)."""
+        batch = micro.batch
+        assert batch is not None
+        mask = batch["response_mask"].to(self.device)
+        vpreds = self._forward(micro)
+        vf_loss, vf_metrics = compute_value_loss(
+            vpreds,
+            batch["returns"].to(self.device),
+            batch["values"].to(self.device),
+            mask,
+            cliprange_value=self.config.cliprange_value,
+            loss_agg_mode=self.algorithm.loss_agg_mode,
+            global_num_tokens=num_tokens,
+            global_num_seqs=num_seqs,
+            norm_len=float(mask.shape[-1]),
+        )
+        weight = mask.sum()
+        acc.add_sum("critic/vf_loss", vf_loss.detach())
+        acc.add_mean("critic/vf_clipfrac", vf_metrics["critic/vf_clipfrac"], weight)
+        acc.add_mean("critic/vpred_mean", (vpreds.detach() * mask).sum() / weight.clamp(min=1), weight)
+        return vf_loss

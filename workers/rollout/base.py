@@ -5,9 +5,11 @@ R = ``response_length`` (responses are always padded to exactly R columns, as in
 
 ``generate_sequences`` input (a :class:`~rlhf_ops.protocol.DataProto`):
     tensors ``input_ids`` (B, P) left-padded, ``attention_mask`` (B, P), ``position_ids`` (B, P);
-    any non-tensor columns (carried to the output, repeated n times); ``meta_info`` keys read by
-    :meth:`SamplingParams.from_meta`: ``n``, ``temperature``, ``top_p``, ``top_k``, ``do_sample``,
-    ``response_length`` (max new tokens), ``eos_token_id``, ``pad_token_id``.
+    any non-tensor columns (carried to the output, repeated n times). The call's settings are typed arguments,
+    never ``meta_info`` entries: ``sampling`` (a :class:`SamplingParams`: ``n``, ``temperature``, ``top_p``,
+    ``top_k``, ``do_sample``, ``response_length`` (max new tokens), ``eos_token_id``, ``pad_token_id``; None:
+    the engine's defaults) and ``step`` (reseeds the engine from (seed, step), so a resumed run samples what
+    an uninterrupted one would; None: the generator continues).
 
 Output (B * n rows; the n samples of a prompt are adjacent, like ``DataProto.repeat(n, interleave=True)``):
     ``prompts`` (B*n, P), ``responses`` (B*n, R) right-padded with ``pad_token_id`` after the first EOS,
@@ -37,7 +39,13 @@ from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 
-__all__ = ["LogprobsMode", "RolloutEngine", "SamplingParams", "build_rollout_output", "prompt_tensors"]
+__all__ = [
+    "LogprobsMode",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_rollout_output",
+    "prompt_tensors",
+]
 
 LogprobsMode = Literal["raw", "processed"]
 
@@ -46,8 +54,10 @@ LogprobsMode = Literal["raw", "processed"]
 class RolloutEngine(Protocol):
     """Generates responses for a batch of prompts; the HF engine and the vLLM engine implement it."""
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Samples responses; see the module docstring for the input and output keys and shapes."""
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Samples responses; see the module docstring for the arguments, output keys and shapes."""
         ...
 
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:

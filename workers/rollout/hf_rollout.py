@@ -44,15 +44,15 @@ class HFRollout:
     Args:
         module: HF causal LM (``LlamaForCausalLM``, a PEFT model, an FSDP2-wrapped model...). Put in eval
             mode while generating, then restored.
-        pad_token_id: Id written after EOS (default of ``meta_info["pad_token_id"]``).
-        eos_token_id: Id(s) ending a response (default of ``meta_info["eos_token_id"]``).
-        response_length: Default R (``meta_info["response_length"]`` overrides it).
+        pad_token_id: Id written after EOS (the default settings' ``pad_token_id``).
+        eos_token_id: Id(s) ending a response (the default settings' ``eos_token_id``).
+        response_length: Default R (a call's ``sampling.response_length`` overrides it).
         temperature: Default temperature.
         top_p: Default nucleus mass.
         top_k: Default top-k (-1 disables).
         do_sample: Default; False decodes greedily.
         seed: Seed of the engine's generator; two engines with equal seeds and equal calls sample equally.
-            A call whose ``meta_info`` holds ``global_steps`` reseeds it from (seed, step) first, so a run
+            A call with a ``step`` reseeds it from (seed, step) first, so a run
             resumed from a checkpoint samples exactly what an uninterrupted one would.
         logprobs_mode: What ``rollout_log_probs`` holds (see :mod:`workers.rollout.base`).
         sync_stop: Stop decoding only when every rank's rows have finished (an all-reduce per step), so that
@@ -98,20 +98,25 @@ class HFRollout:
         self._generator: torch.Generator | None = None
 
     # ------------------------------------------------------------------------------------------- contract
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Samples ``n`` responses per prompt; keys and shapes in :mod:`workers.rollout.base`.
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Samples ``n`` responses per prompt with ``sampling`` (None: :attr:`defaults`), reseeded by ``step``;
+        keys and shapes in :mod:`workers.rollout.base`.
 
         Raises:
             ValueError: if ``input_ids`` / ``attention_mask`` / ``position_ids`` are missing or not (B, P),
-                or a sampling value in ``meta_info`` is invalid.
+                or a sampling value is invalid.
         """
         start = time.perf_counter()
-        params = SamplingParams.from_meta(prompts.meta_info, self.defaults)
+        params = self.defaults if sampling is None else sampling
         input_ids, attention_mask, position_ids = prompt_tensors(prompts)
         assert prompts.batch is not None
         pixel_values = prompts.batch["pixel_values"] if "pixel_values" in prompts.batch.keys() else None
-        if prompts.meta_info.get("global_steps") is not None:
-            step = int(prompts.meta_info["global_steps"])
+        if step is not None:
+            # Reseeded from (seed, step) rather than continued: the generator's state is not checkpointed, so a
+            # run resumed at step k samples step k + 1 exactly as the uninterrupted run did only if the state
+            # is a function of the step alone.
             self._generator = torch.Generator(device=input_ids.device).manual_seed(self.seed * 1_000_003 + step)
         if params.n > 1:  # row i of the output is sample i % n of prompt i // n
             input_ids, attention_mask, position_ids = (

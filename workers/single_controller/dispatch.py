@@ -87,11 +87,6 @@ class DPLayout:
             )
 
     @classmethod
-    def data_parallel(cls, world_size: int) -> DPLayout:
-        """Plain data parallelism: rank ``r`` computes chunk ``r`` and every rank is collected."""
-        return cls.sequence_parallel(world_size, sp_size=1)
-
-    @classmethod
     def sequence_parallel(cls, world_size: int, *, sp_size: int) -> DPLayout:
         """Consecutive groups of ``sp_size`` ranks share a chunk (see :func:`sequence_parallel_rank_info`)."""
         return cls(

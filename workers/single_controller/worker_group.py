@@ -33,7 +33,7 @@ from workers.single_controller.futures import GroupFuture, WorkerGroupError, _Pe
 from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker import RankContext, Worker
 
-__all__ = ["RayWorkerGroup", "create_colocated_worker_groups"]
+__all__ = ["RayWorkerGroup"]
 
 W = TypeVar("W", bound=Worker)
 P = ParamSpec("P")
@@ -237,49 +237,3 @@ def _put_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any],
     """Replace every ``DataProto`` argument by a reference to one object-store copy of it."""
     put = [ray.put(a) if isinstance(a, DataProto) else a for a in args]
     return put, {k: ray.put(v) if isinstance(v, DataProto) else v for k, v in kwargs.items()}
-
-
-def create_colocated_worker_groups(
-    resource_pool: RayResourcePool,
-    roles: Mapping[str, tuple[type[Worker], Mapping[str, Any]]],
-    *,
-    backend: str = "auto",
-    init_timeout_s: float = 120.0,
-) -> dict[str, RayWorkerGroup[Any]]:
-    """One worker group per role, all on the same bundles, each taking ``1/len(roles)`` of every bundle.
-
-    Each role gets its own processes and its own process group (own master port). verl instead
-    fuses the roles' classes into one process per GPU, which lets them share CUDA memory and
-    switch without IPC; separate processes keep roles independent (a crash names its role, no
-    class fusion magic) at the cost of one CUDA context per role per GPU and no in-process weight
-    sharing (rollout and actor that must share weights belong in one worker class).
-
-    Args:
-        resource_pool: The shared bundles.
-        roles: ``{role_name: (worker_cls, worker_kwargs)}``; the role name is the group's ``name_prefix``.
-        backend: ``torch.distributed`` backend of every group.
-        init_timeout_s: Per-group start-up limit.
-
-    Returns:
-        ``{role_name: group}`` in the order of ``roles``. If one role fails to start, the groups
-        already created are shut down before the error propagates.
-    """
-    if not roles:
-        raise ValueError("roles is empty; pass {'role_name': (WorkerClass, kwargs)}.")
-    groups: dict[str, RayWorkerGroup[Any]] = {}
-    try:
-        for role, (cls, kwargs) in roles.items():
-            groups[role] = RayWorkerGroup(
-                resource_pool,
-                cls,
-                worker_kwargs=kwargs,
-                name_prefix=role,
-                backend=backend,
-                resource_share=1.0 / len(roles),
-                init_timeout_s=init_timeout_s,
-            )
-    except BaseException:
-        for group in groups.values():
-            group.shutdown()
-        raise
-    return groups

@@ -38,13 +38,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlhf_ops.protocol import DataProto
-
 __all__ = [
     "ATTENTION_PREFIX",
     "SPShard",
     "all_to_all",
-    "broadcast_from_group_leader",
     "enable_ulysses_attention",
     "gather_seq",
     "packed_causal_mask",
@@ -138,21 +135,6 @@ def gather_seq(x: Tensor, *, group: dist.ProcessGroup | None, dim: int = -1) -> 
         return _all_gather_cat(x, group, dim)  # integer tensors (positions) carry no gradient
     out: Tensor = _GatherSeq.apply(x, group, dim)
     return out
-
-
-def broadcast_from_group_leader(data: DataProto, *, group: dist.ProcessGroup | None) -> DataProto:
-    """Every rank of ``group`` gets the data of the group's first rank (on the host).
-
-    Ranks of an SP group must forward identical samples; a rollout engine seeded per rank samples different
-    ones, and only the group leader's result is collected by the driver, so the others take it.
-    """
-    if sp_world_size(group) == 1:
-        return data
-    assert group is not None
-    box: list[Any] = [data.to("cpu")]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    result: DataProto = box[0]
-    return result
 
 
 # ----------------------------------------------------------------------------------------- slicing

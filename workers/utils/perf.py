@@ -63,11 +63,6 @@ class FlopsModel:
     num_heads: int  # query heads
     head_dim: int
 
-    def forward_flops(self, seq_lens: Sequence[int]) -> float:
-        """FLOPs of one forward over sequences of these valid lengths."""
-        tokens = sum(seq_lens)
-        return 2.0 * (self.trained_linear_params + self.frozen_linear_params) * tokens + self._attention(seq_lens)
-
     def train_flops(self, seq_lens: Sequence[int]) -> float:
         """FLOPs of forward + backward over sequences of these valid lengths."""
         tokens = sum(seq_lens)

@@ -9,7 +9,7 @@ reset at the stage's start:
   (``psutil``, every 5 ms) during the stage; the peak is the largest sample (or the RSS at the start / end).
   Allocations that live for less than 5 ms can be missed.
 
-In a step listed in ``profile_steps`` (read from the call's ``meta_info["global_steps"]``), the call also runs
+In a step listed in ``profile_steps`` (the call's ``step`` argument), the call also runs
 under ``torch.profiler`` (CPU and, on GPU, CUDA activities, with shapes and memory) and writes a Chrome trace to
 ``<profile_dir>/step_<N>/<role>_<stage>_rank<R>.json``; the driver logs those files as MLflow artifacts.
 """
@@ -127,22 +127,16 @@ class StageMonitor:
         return out
 
 
-def _step_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """The call's ``step`` argument, else the first ``DataProto``'s ``meta_info['global_steps']``."""
-    if kwargs.get("step") is not None:
-        return int(kwargs["step"])
-    for arg in args:
-        if isinstance(arg, DataProto):
-            step = arg.meta_info.get("global_steps")
-            return int(step) if step is not None else None
-    return None
+def _step_of(kwargs: dict[str, Any]) -> int | None:
+    """The call's ``step`` argument (the controller passes it by keyword)."""
+    step = kwargs.get("step")
+    return int(step) if step is not None else None
 
 
 def monitored(stage: str, *, report: bool = False) -> Callable[[F], F]:
     """Runs a worker method under ``self.monitor.stage(stage, step=...)`` (a no-op before ``self.monitor`` exists).
 
-    Place it under ``@register`` (closest to the ``def``); the step is the call's ``step`` keyword argument (or
-    the first ``DataProto`` argument's ``meta_info['global_steps']``).
+    Place it under ``@register`` (closest to the ``def``); the step is the call's ``step`` keyword argument.
     With ``report``, the method's last stage of the step for its role, the peaks of every stage since the last
     report (this one included) are added to the returned ``DataProto``'s ``meta_info["metrics"]``.
     """
@@ -153,7 +147,7 @@ def monitored(stage: str, *, report: bool = False) -> Callable[[F], F]:
             monitor: StageMonitor | None = getattr(self, "monitor", None)
             if monitor is None:
                 return fn(self, *args, **kwargs)
-            with monitor.stage(stage, step=_step_of(args, kwargs)):
+            with monitor.stage(stage, step=_step_of(kwargs)):
                 out = fn(self, *args, **kwargs)
             if report and isinstance(out, DataProto):
                 out.meta_info["metrics"] = {**(out.meta_info.get("metrics") or {}), **monitor.pop_metrics()}

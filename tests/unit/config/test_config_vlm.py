@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_ops.config import ConfigError, load_config
-from rlhf_ops.models.modality import detect_modality, resolve_modality
+from rlhf_ops.models.modality import detect_modality
 
 
 def _problems(overrides: list[str], preset: str = "tiny-vlm-cpu") -> dict[str, str]:
@@ -29,9 +29,6 @@ def test_modality_is_detected_from_config_json(tmp_path: Path) -> None:
     assert detect_modality(vlm) == "vision_language" and detect_modality(text) == "text"
     assert detect_modality("builtin:tiny-vlm") == "vision_language"
     assert detect_modality(str(tmp_path / "missing")) is None
-    assert resolve_modality("auto", vlm) == "vision_language" and resolve_modality("auto", text) == "text"
-    with pytest.raises(ValueError, match="model.modality: 'text' but .* is a vision_language model"):
-        resolve_modality("text", vlm)
 
 
 def test_explicit_modality_that_contradicts_the_model_is_refused(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ def test_pools_of_the_dags_folder_and_ensure_pools_creates_only_missing_ones() -
     migrate_airflow_db()
     from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.models.pool import Pool
-    from rlhf_pipeline.pools import ensure_pools, pools_of
+
+    from rlhf_airflow.pools import ensure_pools, pools_of
 
     bag = BundleDagBag(dag_folder=str(DAGS), bundle_path=str(DAGS), bundle_name="dags-folder")
     # rlhf_ppo and the weekly spec share the default pool; the GPU spec names its own

@@ -63,8 +63,9 @@ def test_a_bad_spec_is_skipped_with_a_warning(tmp_path: Path) -> None:
 
 def test_spec_pool_and_max_active_runs_reach_the_dag() -> None:
     from rlhf_pipeline.factory import build_pipeline_dag
-    from rlhf_pipeline.pools import ClusterPool
     from rlhf_pipeline.specs import spec_to_kwargs
+
+    from rlhf_airflow.pools import ClusterPool
 
     spec = {
         "schedule": None,

@@ -98,7 +98,7 @@ def test_plan_checkpoints_follows_the_trainer_rule() -> None:
 def test_train_entrypoint_quotes_every_override() -> None:
     cmd = train_entrypoint("tiny-cpu", ['data.train_files=["/a b/train.parquet"]', "x.y=$(rm -rf /)"])
     words = shlex.split(cmd)
-    assert words[:5] == ["python", "-m", "rlhf_ops.entrypoints.train", "--preset", "tiny-cpu"]
+    assert words[:5] == ["python", "-m", "workers.entrypoints.train", "--preset", "tiny-cpu"]
     assert words[5:] == ['data.train_files=["/a b/train.parquet"]', "x.y=$(rm -rf /)"]  # one word each, no shell
 
 

@@ -58,9 +58,7 @@ def test_rlhf_train_names_the_key_of_each_bad_input(tmp_path: Path, override: st
 
 
 def test_the_ray_job_entrypoint_runs_the_same_preflight(tmp_path: Path) -> None:
-    proc, _ = _run(
-        "-m", "rlhf_ops.entrypoints.train", "--preset", "tiny-cpu", "reward.reward_fn=nope:fn", cwd=tmp_path
-    )
+    proc, _ = _run("-m", "workers.entrypoints.train", "--preset", "tiny-cpu", "reward.reward_fn=nope:fn", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert [line.split(":")[1] for line in _error_lines(proc.stderr)] == [" reward.reward_fn"]
 
@@ -118,7 +116,7 @@ print("torch imported:", "torch" in sys.modules)
 
 def test_the_resume_mode_from_the_operator_is_validated_like_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlhf_ops.config import ConfigError, load_config
-    from rlhf_ops.entrypoints.train import checked_config
+    from rlhf_ops.pipeline.preflight import checked_config
 
     config = load_config("tiny-cpu")
     monkeypatch.setenv("RLHF_RESUME_MODE", "disable")

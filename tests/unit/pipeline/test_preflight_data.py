@@ -57,7 +57,7 @@ def test_preflight_plan(tmp_path: Path) -> None:
     params = PipelineParams(total_training_steps=7, save_freq=3, overrides=["trainer.total_epochs=1"])
     plan = run_preflight(params, layout, {"train_url": str(train), "num_train": 160, "num_val": 0})
     assert plan["total_steps"] == 7 and plan["checkpoint_steps"] == [3, 6, 7]  # 160 // 16 = 10 per epoch, cap 7
-    assert plan["entrypoint"].startswith("python -m rlhf_ops.entrypoints.train --preset tiny-cpu ")
+    assert plan["entrypoint"].startswith("python -m workers.entrypoints.train --preset tiny-cpu ")
     assert plan["registered_model_name"] == "d-tiny-cpu"
     assert plan["checkpoint_url"] == f"file://{tmp_path}/rs/d/{layout.run_key}"
     assert not list((tmp_path / "rs").rglob(".preflight-*"))  # the store probe cleaned up after itself

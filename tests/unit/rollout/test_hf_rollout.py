@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,11 @@ def make_prompts(**meta: Any) -> DataProto:
     mask = pad_sequences_left([[1] * len(p) for p in PROMPTS], pad_value=0)
     tensors = {"input_ids": input_ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
     return DataProto.from_dict(tensors, non_tensors={"uid": ["a", "b", "c"]}, meta_info=meta)
+
+
+def sampled(engine: HFRollout, **settings: Any) -> SamplingParams:
+    """The engine's default settings with ``settings`` replaced (what a caller passes as ``sampling``)."""
+    return dataclasses.replace(engine.defaults, **settings)
 
 
 def teacher_forced(model: torch.nn.Module, out: DataProto, *, temperature: float = 1.0) -> torch.Tensor:
@@ -60,7 +66,7 @@ def test_is_a_rollout_engine(model: LlamaForCausalLM) -> None:
 def test_greedy_equals_step_by_step_argmax(model: LlamaForCausalLM) -> None:
     # eos_token_id=-1 never matches: every row runs R steps and can be compared token by token.
     engine = HFRollout(model, pad_token_id=PAD, eos_token_id=-1, response_length=R)
-    out = engine.generate_sequences(make_prompts(do_sample=False))
+    out = engine.generate_sequences(make_prompts(), sampled(engine, do_sample=False))
     assert out.batch is not None
     for row, prompt in enumerate(PROMPTS):
         assert out.batch["responses"][row].tolist() == greedy_reference(model, prompt, R)
@@ -73,7 +79,7 @@ def test_log_probs_equal_the_teacher_forced_forward(tiny_model_dir: str, attn: s
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn).eval()
     assert model.config._attn_implementation == attn
     engine = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=1)
-    out = engine.generate_sequences(make_prompts(n=4, temperature=1.0))
+    out = engine.generate_sequences(make_prompts(), sampled(engine, n=4, temperature=1.0))
     assert out.batch is not None
     mask = out.batch["response_mask"].float()
     expected = teacher_forced(model, out) * mask
@@ -104,7 +110,7 @@ def test_raw_log_probs_ignore_temperature_and_processed_ones_follow_it(model: Ll
     expected = teacher_forced(model, out, temperature=2.0) * out.batch["response_mask"].float()
     torch.testing.assert_close(out.batch["rollout_log_probs"], expected, rtol=0, atol=1e-5)
     # top_k=1 leaves one token: its processed probability is 1, log-prob 0
-    out = processed.generate_sequences(make_prompts(top_k=1))
+    out = processed.generate_sequences(make_prompts(), sampled(processed, top_k=1))
     assert out.batch is not None
     torch.testing.assert_close(out.batch["rollout_log_probs"], torch.zeros(3, R))
 
@@ -113,7 +119,7 @@ def test_eos_stops_a_row_and_pads_after_it(model: LlamaForCausalLM) -> None:
     free = greedy_reference(model, PROMPTS[0], R)
     eos = free[2]  # make row 0's third greedy token the EOS
     engine = HFRollout(model, pad_token_id=PAD, eos_token_id=[eos, 999], response_length=R)
-    out = engine.generate_sequences(make_prompts(do_sample=False))
+    out = engine.generate_sequences(make_prompts(), sampled(engine, do_sample=False))
     assert out.batch is not None
     row = out.batch["responses"][0].tolist()
     assert row[:3] == free[:3] and row[3:] == [PAD] * (R - 3)
@@ -127,7 +133,7 @@ def test_eos_stops_a_row_and_pads_after_it(model: LlamaForCausalLM) -> None:
 def test_all_rows_finished_early_still_pads_to_r(model: LlamaForCausalLM) -> None:
     firsts = {greedy_reference(model, p, 1)[0] for p in PROMPTS}
     engine = HFRollout(model, pad_token_id=PAD, eos_token_id=list(firsts), response_length=R)
-    out = engine.generate_sequences(make_prompts(do_sample=False))
+    out = engine.generate_sequences(make_prompts(), sampled(engine, do_sample=False))
     assert out.batch is not None
     assert out.batch["responses"].shape == (3, R) and (out.batch["responses"][:, 1:] == PAD).all()
     assert out.batch["response_mask"].tolist() == [[1] + [0] * (R - 1)] * 3
@@ -135,7 +141,7 @@ def test_all_rows_finished_early_still_pads_to_r(model: LlamaForCausalLM) -> Non
 
 def test_n_samples_are_adjacent_and_columns_repeat(model: LlamaForCausalLM) -> None:
     engine = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=4)
-    out = engine.generate_sequences(make_prompts(n=3, response_length=5))
+    out = engine.generate_sequences(make_prompts(), sampled(engine, n=3, response_length=5))
     assert out.batch is not None and len(out) == 9
     assert out.batch["responses"].shape == (9, 5) and out.batch["input_ids"].shape == (9, 8 + 5)
     assert out.batch["rollout_log_probs"].shape == (9, 5) and out.batch["response_mask"].shape == (9, 5)
@@ -148,8 +154,8 @@ def test_n_samples_are_adjacent_and_columns_repeat(model: LlamaForCausalLM) -> N
 
 def test_top_k_one_equals_greedy(model: LlamaForCausalLM) -> None:
     engine = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=5)
-    greedy = engine.generate_sequences(make_prompts(do_sample=False)).batch
-    top1 = engine.generate_sequences(make_prompts(top_k=1, temperature=0.7)).batch
+    greedy = engine.generate_sequences(make_prompts(), sampled(engine, do_sample=False)).batch
+    top1 = engine.generate_sequences(make_prompts(), sampled(engine, top_k=1, temperature=0.7)).batch
     assert greedy is not None and top1 is not None
     assert torch.equal(greedy["responses"], top1["responses"])
     torch.testing.assert_close(greedy["rollout_log_probs"], top1["rollout_log_probs"])
@@ -157,8 +163,8 @@ def test_top_k_one_equals_greedy(model: LlamaForCausalLM) -> None:
 
 def test_same_seed_same_samples_and_training_mode_restored(model: LlamaForCausalLM) -> None:
     runs = [
-        HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=s).generate_sequences(
-            make_prompts(n=2)
+        (e := HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=s)).generate_sequences(
+            make_prompts(), sampled(e, n=2)
         )
         for s in (7, 7, 8)
     ]
@@ -187,7 +193,7 @@ def test_update_weights_copies_tensors_and_rejects_unknown_names(tiny_model_dir:
     source = LlamaForCausalLM(target.config).eval()  # other random weights
     engine = HFRollout(target, pad_token_id=PAD, eos_token_id=-1, response_length=3)
     engine.update_weights(source.state_dict().items())
-    out = engine.generate_sequences(make_prompts(do_sample=False)).batch
+    out = engine.generate_sequences(make_prompts(), sampled(engine, do_sample=False)).batch
     assert out is not None
     assert out["responses"][1].tolist() == greedy_reference(source, PROMPTS[1], 3)
     with pytest.raises(ValueError, match="'nope', which the rollout module lacks; send HF names"):
@@ -205,17 +211,16 @@ def test_bad_inputs_raise(model: LlamaForCausalLM) -> None:
     with pytest.raises(ValueError, match="needs tensor 'position_ids'"):
         engine.generate_sequences(prompts)
     with pytest.raises(ValueError, match="top_p=0.0 must be in"):
-        engine.generate_sequences(make_prompts(top_p=0.0))
+        sampled(engine, top_p=0.0)
+    with pytest.raises(ValueError, match="meta_info key 'temperature' is unknown"):
+        make_prompts(temperature=0.5)  # settings are arguments: the old meta_info channel is refused
     with pytest.raises(ValueError, match="logprobs_mode='exact'"):
         HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, logprobs_mode="exact")  # type: ignore[arg-type]
 
 
-def test_sampling_params_from_meta() -> None:
-    defaults = SamplingParams(response_length=4, eos_token_id=2)
-    params = SamplingParams.from_meta(
-        {"n": 2, "eos_token_id": [2, 5], "temperature": 0.0, "global_steps": 3}, defaults
-    )
-    assert params.n == 2 and params.eos_ids == (2, 5) and params.greedy and params.response_length == 4
+def test_sampling_params_validate_their_values() -> None:
+    assert SamplingParams(n=2, eos_token_id=(2, 5), temperature=0.0).eos_ids == (2, 5)
+    assert SamplingParams(temperature=0.0).greedy and SamplingParams(do_sample=False).greedy
     with pytest.raises(ValueError, match="response_length=0 must be >= 1"):
         SamplingParams(response_length=0)
 
@@ -241,9 +246,9 @@ def test_fsdp2_wrapped_module_generates_like_the_plain_one(tiny_model_dir: str, 
         fully_shard(wrapped, mesh=mesh)
         engine = HFRollout(wrapped, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=3)
         # sync_stop=None: the engine all-reduces "all rows done" each step because the module is FSDP2
-        out = engine.generate_sequences(make_prompts(n=2))
+        out = engine.generate_sequences(make_prompts(), sampled(engine, n=2))
         ref = HFRollout(model, pad_token_id=PAD, eos_token_id=EOS, response_length=R, seed=3)
-        expected = ref.generate_sequences(make_prompts(n=2))
+        expected = ref.generate_sequences(make_prompts(), sampled(ref, n=2))
         assert out.batch is not None and expected.batch is not None
         assert torch.equal(out.batch["responses"], expected.batch["responses"])
         torch.testing.assert_close(out.batch["rollout_log_probs"], expected.batch["rollout_log_probs"])

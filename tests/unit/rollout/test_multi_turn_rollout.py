@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.models.tiny import build_tiny_tokenizer
 from rlhf_ops.protocol import DataProto
+from tests.support.rollout_calls import sampling_for
 from tests.unit.rollout.test_hf_rollout import PAD, make_prompts, teacher_forced
 from workers.rollout import HFRollout, RolloutEngine
 from workers.rollout.multi_turn import MultiTurnRollout, maybe_multi_turn
@@ -39,9 +40,9 @@ def _rollout(model: LlamaForCausalLM, digits: list[int]) -> MultiTurnRollout:
 
 
 def _generate(rollout: MultiTurnRollout) -> DataProto:
-    prompts = make_prompts(n=4, global_steps=1)
+    prompts = make_prompts()
     prompts.non_tensor_batch["ground_truth"] = __import__("numpy").array(["7", "6", "0"], dtype=object)
-    return rollout.generate_sequences(prompts)
+    return rollout.generate_sequences(prompts, sampling_for(rollout, n=4), step=1)
 
 
 def test_wraps_only_when_enabled(model: LlamaForCausalLM, tiny_model_dir: str) -> None:

@@ -111,7 +111,7 @@ def test_sequence_parallel_ranks_share_a_chunk_and_one_is_collected() -> None:
     assert sequence_parallel_rank_info(3, world_size=4, sp_size=2) == DPRankInfo(
         dp_rank=1, dp_size=2, is_collect_rank=False
     )
-    plain = DPLayout.data_parallel(3)
+    plain = DPLayout.sequence_parallel(3, sp_size=1)  # plain data parallelism
     assert [plain.dp_rank_of(r) for r in range(3)] == [0, 1, 2] and plain.collect_ranks() == [0, 1, 2]
 
 

@@ -31,7 +31,6 @@ def test_tiny_llama_flops_by_hand(tiny_model_dir: str) -> None:
     fm = flops_model(load_hf_model(tiny_model_dir, kind="causal_lm"))
     assert (fm.trained_linear_params, fm.frozen_linear_params) == (TINY_LINEAR, 0)
     assert (fm.num_layers, fm.num_heads, fm.head_dim) == (2, 2, 32)
-    assert fm.forward_flops(SEQ_LENS) == 2 * TINY_LINEAR * 8 + ATTN  # 1,407,488
     assert fm.train_flops(SEQ_LENS) == 6 * TINY_LINEAR * 8 + 3 * ATTN  # 4,222,464
 
 
@@ -61,7 +60,7 @@ def test_gqa_and_a_tied_head_are_counted_by_their_real_shapes() -> None:
     assert fm.trained_linear_params == 33920
     # 6 x num_parameters (the old estimate) would count the norms and, for an untied model, the embedding too.
     assert sum(p.numel() for p in model.parameters()) == 33920 + 3 * 64
-    assert fm.forward_flops([10]) == 2 * 33920 * 10 + 4 * 1 * 2 * 32 * 55
+    assert fm.train_flops([10]) == 6 * 33920 * 10 + 3 * 4 * 1 * 2 * 32 * 55
 
 
 def test_device_peaks() -> None:
@@ -114,7 +113,7 @@ class _Worker:
 
 def test_monitored_methods_report_every_stage_with_the_last_one(tmp_path: Path) -> None:
     worker = _Worker(tmp_path)
-    data = DataProto.from_dict({"x": torch.zeros(2, 1)}, meta_info={"global_steps": 1})
+    data = DataProto.from_dict({"x": torch.zeros(2, 1)})
     worker.values(data)
     metrics = worker.update(data).meta_info["metrics"]
     assert metrics["critic/vf_loss"] == 0.5
@@ -132,5 +131,6 @@ def test_smollm2_flops_by_hand() -> None:
     fm = flops_model(model)
     assert fm.trained_linear_params == 134_479_872
     assert (fm.num_layers, fm.num_heads, fm.head_dim) == (30, 9, 64)
-    # One sequence of 100 tokens: weights 2 x 134479872 x 100; attention 4 x 30 x 9 x 64 x (100 x 101 / 2).
-    assert fm.forward_flops([100]) == 2 * 134_479_872 * 100 + 4 * 30 * 9 * 64 * 5050
+    # One sequence of 100 tokens, forward + backward: weights 6 x 134479872 x 100; attention 3 x the forward's
+    # 4 x 30 x 9 x 64 x (100 x 101 / 2).
+    assert fm.train_flops([100]) == 6 * 134_479_872 * 100 + 3 * 4 * 30 * 9 * 64 * 5050

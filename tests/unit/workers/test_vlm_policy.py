@@ -21,6 +21,7 @@ from rlhf_ops.models.modality import detect_modality, media_token_ids
 from rlhf_ops.models.tiny_vlm import IMAGE_TOKENS_PER_IMAGE, build_tiny_vlm_dir
 from rlhf_ops.padding import compute_position_ids, pad_sequences_left
 from rlhf_ops.protocol import DataProto
+from tests.support.rollout_calls import sampling_for
 from workers.actor.forward import response_log_probs
 from workers.fsdp import apply_fsdp2, build_device_mesh, find_decoder_blocks, load_hf_model
 from workers.rollout.hf_rollout import HFRollout
@@ -105,9 +106,8 @@ def test_the_image_changes_the_next_token_distribution(tiny_vlm_dir: str) -> Non
 def test_rollout_log_probs_match_padded_and_packed_recompute(tiny_vlm_dir: str, attn: str) -> None:
     model = load_hf_model(tiny_vlm_dir, kind="causal_lm", attn_implementation=attn)
     prompts = _batch(tiny_vlm_dir, ["red", "green", "blue"])
-    prompts.meta_info.update({"n": 2})
     engine = HFRollout(model, pad_token_id=0, eos_token_id=2, response_length=5, seed=3)
-    out = engine.generate_sequences(prompts).tensors
+    out = engine.generate_sequences(prompts, sampling_for(engine, n=2)).tensors
     # Row i is sample i % 2 of prompt i // 2: the images were repeated the same way.
     torch.testing.assert_close(out["pixel_values"], prompts.tensors["pixel_values"].repeat_interleave(2, dim=0))
     mask = out["response_mask"].bool()
@@ -128,13 +128,12 @@ def test_rollout_never_samples_the_image_placeholder(tiny_vlm_dir: str) -> None:
     model = load_hf_model(tiny_vlm_dir, kind="causal_lm", attn_implementation="eager")
     assert media_token_ids(model.config) == [84] and media_token_ids(None) == []
     prompts = _batch(tiny_vlm_dir, ["red", "green", "blue"])
-    prompts.meta_info.update({"n": 16})
     counts = []
     for suppress in ((), media_token_ids(model.config)):
         engine = HFRollout(
             model, pad_token_id=0, eos_token_id=2, response_length=7, seed=5, suppress_token_ids=suppress
         )
-        responses = engine.generate_sequences(prompts).tensors["responses"]
+        responses = engine.generate_sequences(prompts, sampling_for(engine, n=16)).tensors["responses"]
         counts.append(int((responses == 84).sum()))
     # 48 rows x 7 tokens at ~1/85 each: the random policy samples "<image>" a few times unless suppressed.
     assert counts[0] > 0 and counts[1] == 0

@@ -1,7 +1,8 @@
-"""The Ray job entrypoint: ``python -m rlhf_ops.entrypoints.train --preset P [overrides]``.
+"""The Ray job entrypoint: ``python -m workers.entrypoints.train --preset P [overrides]`` (``rlhf train`` runs it).
 
-Builds the run from a resolved config: tokenizer and data, Ray worker groups, reward stage, loggers,
-checkpoint manager; then ``fit()``. Pre-flight (:mod:`rlhf_ops.pipeline.preflight`) runs first, before
+The training's composition root: it wires the library (``rlhf_ops``) to the Ray worker groups. Builds the run
+from a resolved config: tokenizer and data, Ray worker groups, reward stage, loggers, checkpoint manager; then
+``fit()``. Pre-flight (:mod:`rlhf_ops.pipeline.preflight`) runs first, before
 torch, Ray or any worker: a problem ends the command with ``error: <key>: ...`` lines and exit code 2.
 Environment: ``RLHF_RESUME_MODE`` (set by the Airflow operator when it resubmits a failed job) overrides
 ``trainer.resume_mode``; ``MLFLOW_RUN_ID`` attaches the MLflow logger to the pipeline's run.
@@ -11,16 +12,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.config import ConfigError, RunConfig, build_config, derive_batch_plan, load_config
+from rlhf_ops.config import ConfigError, RunConfig, derive_batch_plan, load_config
 from rlhf_ops.config.loader import dump_config
+from rlhf_ops.config.multi_turn import MultiTurnConfig
+from rlhf_ops.pipeline.preflight import checked_config, print_problems
 
-log = logging.getLogger("rlhf_ops.train")
+log = logging.getLogger("workers.entrypoints.train")
 
 
 def build_loggers(config: RunConfig, run_dir: Path) -> Any:
@@ -63,27 +64,13 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
         ray.init(include_dashboard=False, runtime_env={"env_vars": env})
 
 
-def checked_config(config: RunConfig) -> RunConfig:
-    """``config`` with ``RLHF_RESUME_MODE`` applied (and validated), after pre-flight found nothing wrong.
+def tool_schemas(cfg: MultiTurnConfig) -> list[dict[str, Any]]:
+    """The function schemas the prompts describe (empty when multi-turn is off)."""
+    if not cfg.enable:
+        return []
+    from workers.rollout.multi_turn import build_tools
 
-    Raises:
-        ConfigError: a bad ``RLHF_RESUME_MODE``; ``PreflightError`` (a ConfigError): what pre-flight found.
-    """
-    from rlhf_ops.pipeline.preflight import raise_if_problems
-
-    resume = os.environ.get("RLHF_RESUME_MODE")
-    if resume:
-        data = config.model_dump(mode="json")
-        data["trainer"]["resume_mode"] = resume
-        config = build_config(data)  # validated like any other value
-    raise_if_problems(config)
-    return config
-
-
-def print_problems(exc: ConfigError) -> None:
-    """One ``error: <key>: <message>. Fix: <fix>`` line per problem on stderr."""
-    for problem in exc.problems:
-        print(f"error: {problem}", file=sys.stderr)
+    return [tool.schema() for tool in build_tools(cfg).values()]
 
 
 def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
@@ -104,7 +91,6 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
     from rlhf_ops.trainer.reward import RewardStage
     from workers.launcher import launch_role_groups
-    from workers.rollout.multi_turn import tool_schemas
 
     torch.manual_seed(config.trainer.seed)
     model_path = resolve_model_path(config.model.path)
@@ -213,10 +199,11 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--preset", default="tiny-cpu")
-    parser.add_argument("--ray-address", default=None)
-    parser.add_argument("overrides", nargs="*")
+    """``rlhf train [--preset P] [--ray-address A] [overrides]``: 0 when trained, 2 on a config problem."""
+    parser = argparse.ArgumentParser(prog="rlhf train", description="run PPO/GRPO training (the Ray job entrypoint)")
+    parser.add_argument("--preset", default="tiny-cpu", help="shipped preset name or YAML path")
+    parser.add_argument("--ray-address", default=None, help="Ray address; default: local cluster")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_ctrl.kl_coef=0.02")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -1,4 +1,4 @@
-"""``rlhf demo``: the whole pipeline on embedded defaults, on this machine, in a few minutes.
+"""``rlhf demo`` (``python -m rlhf_airflow.demo``): the whole pipeline on embedded defaults, on this machine.
 
 It lays out ``.rlhf/`` (Airflow home with a SQLite DB, MLflow store, work folder, local-folder checkpoint
 store), migrates Airflow's DB, starts a private Ray head (job server) and an MLflow server on 127.0.0.1, runs
@@ -9,11 +9,13 @@ databases in PostgreSQL on 127.0.0.1:5432 instead (databases ``rlhf_airflow`` an
 when missing; needs a PostgreSQL driver, ``psycopg2-binary``, in the environment).
 
 Airflow reads its settings when ``airflow`` is first imported, so the demo sets the environment first and
-refuses to run in a process that already imported it.
+refuses to run in a process that already imported it. The demo is the Airflow side's composition root (torch-free,
+like every module of ``plugins/``): nothing imports it; ``rlhf demo`` runs it as its own process.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -21,12 +23,12 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import rlhf_ops
+import rlhf_airflow
 
 DAG_ID = "rlhf_ppo"
 MLFLOW_UI_PORT = 5000
@@ -69,8 +71,8 @@ class DemoResult:
 
 
 def dags_folder() -> Path:
-    """The repository's ``dags/`` (the demo runs from a source checkout)."""
-    folder = Path(rlhf_ops.__file__).resolve().parents[1] / "dags"
+    """The repository's ``dags/`` (the demo runs from a source checkout: ``plugins/rlhf_airflow/`` beside it)."""
+    folder = Path(rlhf_airflow.__file__).resolve().parents[2] / "dags"
     if not (folder / f"{DAG_ID}.py").is_file():
         raise RuntimeError(f"{folder}/{DAG_ID}.py not found: run the demo from a checkout of the repository")
     return folder
@@ -125,9 +127,8 @@ def _run_dag(conf: dict[str, Any], console: Any = None) -> Any:
     if bag.import_errors:
         raise RuntimeError(f"the DAGs folder has import errors: {bag.import_errors}")
     # The cluster pool the train and evaluate tasks name: dag.test() ignores pools, but `airflow standalone` on
-    # this DB (the UI command the demo prints) schedules no task of a missing pool. The DAGs folder is on
-    # sys.path once parsed.
-    from rlhf_pipeline.pools import ensure_pools, pools_of
+    # this DB (the UI command the demo prints) schedules no task of a missing pool.
+    from rlhf_airflow.pools import ensure_pools, pools_of
 
     ensure_pools(pools_of(bag.dags.values()))
     if console is not None:
@@ -164,7 +165,7 @@ def _decode(value: Any) -> Any:
 
 
 def _mlflow_start(root: Path, *, postgres: bool) -> Any:
-    from rlhf_ops.entrypoints.local_stack import ensure_postgres_databases, start_mlflow_server
+    from rlhf_ops.pipeline.local_stack import ensure_postgres_databases, start_mlflow_server
 
     backend = None
     if postgres:
@@ -184,8 +185,8 @@ def run_demo(
         steps: Training steps (None: ``DEMO_STEPS``); three checkpoints, each evaluated.
         echo: Where progress lines go.
     """
-    from rlhf_ops.entrypoints.local_stack import start_ray_head
     from rlhf_ops.pipeline.console import PipelineConsole
+    from rlhf_ops.pipeline.local_stack import start_ray_head
 
     if "airflow" in sys.modules:
         raise RuntimeError("run the demo in a fresh process: airflow was already imported with other settings")
@@ -330,3 +331,29 @@ def _report(result: DemoResult, echo: Callable[[str], Any]) -> None:
     ]
     for line in lines:
         echo(line)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlhf demo", description="run the whole pipeline (Airflow + Ray + MLflow) locally on tiny-cpu"
+    )
+    parser.add_argument("--root", default=".rlhf", help="folder for the Airflow home, MLflow store, checkpoints")
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="Airflow's and MLflow's databases in PostgreSQL at 127.0.0.1:5432 (or RLHF_DEMO_POSTGRES=1)",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: 30; three checkpoints)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``rlhf demo [--root R] [--postgres] [--steps N]``: 0 when the DAG run succeeded, else 1."""
+    args = build_parser().parse_args(argv)
+    postgres = args.postgres or os.environ.get("RLHF_DEMO_POSTGRES", "").strip().lower() in ("1", "true", "yes")
+    result = run_demo(Path(args.root), postgres=postgres, steps=args.steps)
+    return 0 if result.state == "success" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

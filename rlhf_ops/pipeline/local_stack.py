@@ -1,5 +1,5 @@
 """The local services of the demo and the tests: a Ray head with its job server and an MLflow server,
-stopped by PID. Part of the composition root (``rlhf_ops.entrypoints``); the tests reuse it.
+stopped by PID. Used by ``rlhf demo`` (``rlhf_airflow.demo``) and the tests; torch-free, no Airflow.
 
 Both bind 127.0.0.1 on free ports and run in their own session (``setsid``), so stopping them signals only
 their process groups: ``ray stop`` would kill every Ray cluster of the user on a shared machine. Ray 2.60
