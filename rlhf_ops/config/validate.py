@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 from rlhf_ops.config.multi_turn import multi_turn_problems
-from rlhf_ops.config.off_policy import off_policy_problems
+from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 
 # URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
