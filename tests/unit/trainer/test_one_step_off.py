@@ -135,6 +135,8 @@ def test_a_checkpoint_holds_the_prefetched_batch_and_a_resume_trains_on_it_exact
     assert first.pipeline is not None and first_actor.pending is None
     assert state["pipeline"]["step"] == 3 and state["pipeline"]["weight_version"] == 1
     assert state["loader"] == {"epoch": 0, "position": 2}  # before step 3's prompts: they travel as a batch
+    third, _ = first.pipelined_step(3)  # the save's wait for the prefetch is reported on the step it feeds
+    assert "timing_s/gen" in third and "timing_s/worker/generate_sequences" in third
     resumed, resumed_actor = _trainer(tmp_path / "resumed", [])
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state  # the round trip, the prefetched batch included
