@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,7 +60,8 @@ def _workload(model: str, steps: int, max_new_tokens: int | None) -> tuple[str, 
         "rollout.engine=vllm",
         f"trainer.total_training_steps={steps}",
         "trainer.total_epochs=100",
-        "trainer.save_freq=0",
+        "trainer.save_freq=0",  # the loop still saves the last step: removed after reading the metrics
+        "trainer.save_hf_model=false",
         "trainer.test_freq=0",
         "trainer.val_before_train=false",
         "trainer.logger=[jsonl]",
@@ -88,7 +90,10 @@ def _run_mode(mode: str, preset: str, overrides: list[str], root: Path, timeout_
         ).returncode
     if rc != 0:
         raise SystemExit(f"{mode}: training exited {rc}; log {log}:\n{log.read_text(errors='replace')[-3000:]}")
-    rows = [json.loads(line) for line in (out / "bench" / mode / "metrics.jsonl").read_text().splitlines() if line]
+    run_dir = out / "bench" / mode
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    for ckpt in run_dir.glob("global_step_*"):  # SmolLM2: ~1.6 GB of model + optimizer shards per mode
+        shutil.rmtree(ckpt)
     print(
         f"{mode}: {len(rows)} steps in {time.perf_counter() - start:.0f} s (with Ray and engine start-up)", flush=True
     )
