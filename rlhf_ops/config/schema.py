@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rlhf_ops.config.multi_turn import MultiTurnConfig
+from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
 from rlhf_ops.config.section import (
     DEFAULT_LOGGERS,
     AdvEstimator,
@@ -143,6 +144,7 @@ class AlgorithmConfig(Section):
         description="Truncated importance sampling: weight token losses by min(pi_old / pi_rollout, cap) "
         "(rollout engine vs trainer mismatch); None = off, 2 is typical.",
     )
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     ppo_target_kl: float | None = Field(
         None,
         gt=0.0,
@@ -402,6 +404,11 @@ class TrainerConfig(Section):
         True, description="Reorder each step's sequences so data-parallel ranks get equal token counts."
     )
     seed: int = 1
+    pipeline: Pipeline = Field(
+        "sync",
+        description="Rollout pipelining: 'sync' (generate, then train) or 'one_step_off' (generate step k+1's batch "
+        "with the weights before update k while step k trains; needs rollout.mode=async). docs/async_rollout.md.",
+    )
     profile_steps: list[int] = Field(
         default_factory=list,
         description="Steps to trace with torch.profiler on every rank of every role (Chrome traces, logged as "

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 from rlhf_ops.config.multi_turn import multi_turn_problems
+from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 
 # URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
@@ -439,6 +440,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_vision_language(run, problems)
     _check_reward(run, problems)
     _check_surface(run, problems)
+    problems.extend(off_policy_problems(run))
     problems.extend(
         multi_turn_problems(
             run.rollout.multi_turn,

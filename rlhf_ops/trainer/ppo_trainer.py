@@ -32,6 +32,7 @@ from rlhf_ops.trainer.metrics import (
     compute_throughput_metrics,
     log_profile_traces,
 )
+from rlhf_ops.trainer.one_step_off import OneStepOffPipeline
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
 from rlhf_ops.trainer.timing import StageTimer
@@ -127,6 +128,16 @@ class PPOTrainer:
             )
         self.total_steps = plan.total_steps
         self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
+        # trainer.pipeline=one_step_off: the next step's rollout runs while this one trains (one_step_off.py).
+        self.pipeline: OneStepOffPipeline | None = None
+        if config.trainer.pipeline == "one_step_off":
+            self.pipeline = OneStepOffPipeline(
+                actor_rollout_ref,
+                train_loader,
+                n=config.rollout.n,
+                sampling=self.sampling,
+                total_steps=self.total_steps,
+            )
 
     # ---- stages: each returns what it adds ------------------------------------------------------
     def sampling(self, *, greedy: bool = False) -> SamplingParams:
@@ -222,6 +233,23 @@ class PPOTrainer:
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
         batch = self.generate(batch, timer, step=step)
+        return self.train_step(batch, timer, metrics, start=start, step=step)
+
+    def pipelined_step(self, step: int) -> tuple[dict[str, float], int]:
+        """One step under ``trainer.pipeline=one_step_off``: its batch was generated while the previous step
+        trained, and the next one's is generated while this one trains. Returns the metrics and the batch's epoch.
+        """
+        assert self.pipeline is not None
+        timer, metrics = StageTimer(), dict[str, float]()
+        start = time.perf_counter()
+        batch, epoch, lag = self.pipeline.next_batch(step, timer)
+        metrics["training/policy_lag"] = float(lag)  # actor updates between the rollout's weights and this update
+        return self.train_step(batch, timer, metrics, start=start, step=step), epoch
+
+    def train_step(
+        self, batch: DataProto, timer: StageTimer, metrics: dict[str, float], *, start: float, step: int | None
+    ) -> dict[str, float]:
+        """Every stage after generation, on the generated ``batch``; ``start`` is the step's start (throughput)."""
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
             metrics["perf/dp_token_imbalance"] = imbalance
@@ -293,6 +321,8 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         if self.val_loader is None:
             return {}
+        if self.pipeline is not None:  # validation syncs the newest weights: the prefetch must be done with its own
+            self.pipeline.drain()
         return validate(
             self.actor_rollout_ref,
             self.val_loader,
@@ -313,13 +343,16 @@ class PPOTrainer:
         bar = tqdm(total=self.total_steps, initial=self.state.global_step, desc="rlhf", dynamic_ncols=True)
         while self.state.global_step < self.total_steps:
             step = self.state.global_step + 1
-            batch = self.train_loader.next_batch()
             # Rollout sampling and the actor's mini-batch shuffle are seeded from the step, not from how
             # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps
             # (the loader's position, the KL controller and the driver's torch RNG come from state_dict).
-            metrics = self.step(batch, step=step)
+            if self.pipeline is None:
+                metrics = self.step(self.train_loader.next_batch(), step=step)
+                epoch = self.train_loader.epoch
+            else:
+                metrics, epoch = self.pipelined_step(step)
             metrics["training/global_step"] = float(step)
-            metrics["training/epoch"] = float(self.train_loader.epoch)
+            metrics["training/epoch"] = float(epoch)
             self.state.global_step = step
             if cfg.test_freq and (step % cfg.test_freq == 0 or step == self.total_steps):
                 metrics.update(self.validate())
@@ -339,16 +372,21 @@ class PPOTrainer:
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        self.state.loader = self.train_loader.state_dict()
+        pipeline = self.pipeline.state_dict() if self.pipeline is not None else None  # waits for the prefetch
+        # one_step_off: the loader position before the prefetched prompts (they are saved as a generated batch).
+        self.state.loader = self.train_loader.state_dict() if self.pipeline is None else self.pipeline.loader_state()
         self.state.kl_ctrl = dict(self.kl_ctrl.state_dict())
         self.state.rng = {"torch": torch.random.get_rng_state().tolist()}
-        return {
+        state = {
             "global_step": self.state.global_step,
             "loader": self.state.loader,
             "kl_ctrl": self.state.kl_ctrl,
             "rng": self.state.rng,
             "history": self.state.history,
         }
+        if self.pipeline is not None:
+            state["pipeline"] = pipeline
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state = TrainerState(
@@ -362,6 +400,8 @@ class PPOTrainer:
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         if "torch" in self.state.rng:
             torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
+        if self.pipeline is not None:  # a sync run's "pipeline" is absent: its next step generates synchronously
+            self.pipeline.load_state_dict(state.get("pipeline"))
 
 
 _HISTORY_KEYS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"]

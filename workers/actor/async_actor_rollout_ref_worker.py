@@ -7,18 +7,54 @@ controller. The engine (:class:`~workers.rollout.async_vllm_rollout.AsyncVLLMRol
 in another process and an event loop on a thread of this one: ``generate_sequences`` submits every sample as
 its own request and gathers them; its ``async def`` methods (``agenerate``, ``generate_one``) serve callers
 that run their own loop. Design and the vLLM 0.32 findings: ``docs/async_rollout.md``.
+
+One-step off-policy pipelining (``trainer.pipeline=one_step_off``) adds two methods: :meth:`submit_sequences`
+syncs the actor's weights into the engine on the calling (Ray method) thread, so the FSDP all-gathers never
+run beside another call's collectives, then starts the rollout on a background thread and returns; the ranks
+go on training while the engine-core process generates. :meth:`collect_sequences` waits for that rollout.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhf_ops.protocol import DataProto
+from rlhf_ops.sampling import SamplingParams
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.rollout.base import RolloutEngine
+from workers.single_controller.decorator import Dispatch, register
+from workers.utils.profiling import monitored
 
 __all__ = ["AsyncActorRolloutRefWorker"]
 
 
+@dataclass
+class _Prefetch:
+    """A rollout running on a daemon thread (daemon: a worker that exits never waits for a generation)."""
+
+    prompts: DataProto
+    sync_s: float
+    done: threading.Event = field(default_factory=threading.Event)
+    result: DataProto | None = None
+    error: BaseException | None = None
+
+    def run(self, engine: RolloutEngine) -> None:
+        try:
+            self.result = engine.generate_sequences(self.prompts)
+        except BaseException as exc:  # re-raised by collect_sequences on the Ray method thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
 class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
     """One rank of the actor / rollout / reference group with an async vLLM rollout engine."""
+
+    _prefetch: _Prefetch | None = None
 
     def _build_vllm_engine(self) -> RolloutEngine:
         from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
@@ -38,3 +74,71 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
             device="cuda" if self.device.type == "cuda" else "cpu",
             max_prompt_length=spec.plan.max_prompt_length,
         )
+
+    # ------------------------------------------------------------------------------------------- prefetch
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate_submit")
+    def submit_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Syncs the weights into the engine (when they changed), starts the rollout of ``prompts`` in the
+        background and returns at once: a receipt, ``submitted`` (rows,) bool, with the sync's seconds in
+        ``meta_info["timing"]["update_weights"]``. Same inputs and seeding as ``generate_sequences``.
+
+        The engine stays awake (GPU: no sleep) until :meth:`collect_sequences`, so it generates while the
+        ranks run the step's forwards and update: the weights it generates with are those of this call.
+
+        Raises:
+            RuntimeError: A rollout submitted earlier was not collected yet.
+        """
+        self._need("rollout", "submit_sequences")
+        assert self.rollout is not None and self.sharding_manager is not None
+        if self._prefetch is not None:
+            raise RuntimeError("submit_sequences: the previous rollout was not collected; call collect_sequences.")
+        prompts = prompts.to(self.device)
+        # As generate_sequences: the engines read the call's sampling settings and step seed from meta_info.
+        if sampling is not None:
+            prompts.meta_info.update(sampling.to_meta())
+        if step is not None:
+            prompts.meta_info["global_steps"] = step
+        self.sharding_manager.__enter__()  # wake + weight sync here, on the method thread; exit in collect
+        sync_s = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
+        pending = _Prefetch(prompts, sync_s)
+        threading.Thread(target=pending.run, args=(self.rollout,), name="rollout-prefetch", daemon=True).start()
+        self._prefetch = pending
+        receipt = {"submitted": torch.ones(len(prompts), dtype=torch.bool)}
+        return DataProto.from_dict(receipt, meta_info={"timing": {"update_weights": sync_s}})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate_collect")
+    def collect_sequences(self, prompts: DataProto) -> DataProto:
+        """Waits for the rollout :meth:`submit_sequences` started and returns it (``generate_sequences``'s keys).
+
+        ``prompts`` are the submitted ones (the driver splits them the same way): their ``input_ids`` must equal
+        the submitted rows', so a driver that lost track of its prefetch fails here rather than training on the
+        wrong rows. ``meta_info["timing"]``: the engine's ``generate_sequences`` seconds (measured in the
+        background), ``update_weights`` (the submit's sync) and ``generate_wait`` (how long this call waited).
+
+        Raises:
+            RuntimeError: Nothing was submitted, or the rows differ from the submitted ones.
+        """
+        self._need("rollout", "collect_sequences")
+        pending, self._prefetch = self._prefetch, None
+        if pending is None:
+            raise RuntimeError("collect_sequences: no rollout was submitted; call submit_sequences first.")
+        assert self.sharding_manager is not None
+        start = time.perf_counter()
+        try:
+            pending.done.wait()
+        finally:
+            self.sharding_manager.__exit__(None, None, None)  # GPU with free_cache_engine: the engine sleeps now
+        wait_s = time.perf_counter() - start
+        if pending.error is not None:
+            raise pending.error
+        assert pending.result is not None
+        if not torch.equal(prompts.tensors["input_ids"].cpu(), pending.prompts.tensors["input_ids"].cpu()):
+            raise RuntimeError("collect_sequences: the rows differ from the submitted ones (driver out of step).")
+        out = pending.result
+        timing = {**(out.meta_info.get("timing") or {}), "update_weights": pending.sync_s, "generate_wait": wait_s}
+        out.meta_info["timing"] = timing
+        return out.to("cpu")

@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from rlhf_ops.algorithms import POLICY_LOSSES, PolicyLossFn, agg_loss, kl_penalty, truncated_is_weights
+from rlhf_ops.algorithms.rollout_correction import rollout_is_weights
 from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
 from rlhf_ops.protocol import DataProto
@@ -228,7 +229,8 @@ class DataParallelPPOActor:
             ``algorithm.ppo_target_kl``: ``actor/kl_early_stop`` (1 when the stop fired in this update, so its
             mean over steps is how often it fires) and ``actor/trained_mini_batch_frac`` (optimizer steps taken /
             planned), ``actor/ppo_kl_k3`` (the non-negative KL estimate it compares). With
-            ``algorithm.tis_imp_ratio_cap``: ``actor/tis_weight_mean``, ``actor/tis_clipfrac``.
+            ``algorithm.tis_imp_ratio_cap``: ``actor/tis_weight_mean``, ``actor/tis_clipfrac``. With
+            ``algorithm.rollout_correction.rollout_is``: ``rollout_corr/*`` (rlhf_ops.algorithms.rollout_correction).
             Loss metrics include the mini-batch on which the early stop fired (its step was skipped).
 
         Raises:
@@ -245,7 +247,9 @@ class DataParallelPPOActor:
             # log-probs, so only at temperature 1).
             keys = (*keys, "rollout_log_probs")
             self._diff_max = torch.zeros((), device=self.device)
-        if self.algorithm.tis_imp_ratio_cap is not None and "rollout_log_probs" not in keys:
+        algo = self.algorithm
+        correction = algo.tis_imp_ratio_cap is not None or algo.rollout_correction.rollout_is is not None
+        if correction and "rollout_log_probs" not in keys:
             keys = (*keys, "rollout_log_probs")
         _require(data, keys, "update_policy")
         data = data.select(list(_with_media(data, keys)))
@@ -366,6 +370,16 @@ class DataParallelPPOActor:
                 old_log_prob, rollout_log_probs, mask, cap=algo.tis_imp_ratio_cap
             )
             for name, value in tis_metrics.items():
+                acc.add_mean(name, value, mask.sum())
+        elif algo.rollout_correction.rollout_is is not None:  # verl's name; pre-flight refuses both at once
+            is_weights, is_metrics = rollout_is_weights(
+                old_log_prob,
+                batch["rollout_log_probs"].to(self.device),
+                mask,
+                level=algo.rollout_correction.rollout_is,
+                threshold=algo.rollout_correction.rollout_is_threshold,
+            )
+            for name, value in is_metrics.items():
                 acc.add_mean(name, value, mask.sum())
         pg_loss, pg_metrics = self._policy_loss(
             old_log_prob,

@@ -1,4 +1,4 @@
-"""DataParallelPPOActor on one gloo rank: KL early stop, truncated importance sampling, the loss variants."""
+"""DataParallelPPOActor on one gloo rank: KL early stop, truncated / rollout importance sampling, the loss variants."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from rlhf_ops.config.off_policy import RolloutCorrectionConfig
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, OptimConfig
 from rlhf_ops.protocol import DataProto
 from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
@@ -98,6 +99,29 @@ def test_truncated_is_weights_scale_the_first_step_loss(fsdp_model: Callable[...
     assert metrics["actor/tis_clipfrac"] == 0.0
     with pytest.raises(ValueError, match="rollout_log_probs"):
         actor.update_policy(data.select([k for k in data.batch.keys() if k != "rollout_log_probs"]))
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_correction_weights_scale_the_first_step_loss(
+    fsdp_model: Callable[..., nn.Module], level: str
+) -> None:
+    # verl's algorithm.rollout_correction, ratio 1 at the first step: pg_loss = -sum(w * A * mask) / sum(mask).
+    # rollout = old - log 2 on every token: token level w = 2 (under the cap 3); sequence level w = min(2^L, 3)
+    # for a row of L tokens (every row here holds 2+ tokens: the cap, 3x the plain loss).
+    correction = RolloutCorrectionConfig(rollout_is=level, rollout_is_threshold=3.0)  # type: ignore[arg-type]
+    model = fsdp_model()
+    algorithm = AlgorithmConfig(rollout_correction=correction)
+    actor = _actor(model, algorithm, mini_per_rank=8, micro_per_rank=3, num_mini_batches=1)
+    data = _on_policy(actor, make_ppo_batch())
+    data.batch["rollout_log_probs"] = data.batch["old_log_probs"] - torch.log(torch.tensor(2.0))
+    metrics = actor.update_policy(data)
+    adv, mask = data.batch["advantages"], data.batch["response_mask"].float()
+    lengths = mask.sum(-1, keepdim=True)
+    w = torch.full_like(mask, 2.0) if level == "token" else torch.clamp(2.0**lengths, max=3.0).expand_as(mask)
+    assert metrics["actor/pg_loss"] == pytest.approx(float(-(w * adv * mask).sum() / mask.sum()), rel=1e-5)
+    high = 0.0 if level == "token" else float(((lengths >= 2).float() * mask).sum() / mask.sum())
+    assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(high, rel=1e-5)
+    assert metrics["rollout_corr/kl"] == pytest.approx(-float(torch.log(torch.tensor(2.0))), rel=1e-5)
 
 
 @pytest.mark.parametrize("policy_loss", ["cispo", "kl_cov", "clip_cov"])

@@ -1,0 +1,64 @@
+"""Pre-flight rules of ``trainer.pipeline`` and ``algorithm.rollout_correction`` (:mod:`rlhf_ops.config.off_policy`),
+called by :mod:`rlhf_ops.config.validate`.
+"""
+
+from __future__ import annotations
+
+from rlhf_ops.config.errors import ConfigProblem
+from rlhf_ops.config.schema import RunConfig
+
+
+def off_policy_problems(run: RunConfig) -> list[ConfigProblem]:
+    """Cross-field problems of ``trainer.pipeline`` and ``algorithm.rollout_correction`` (empty when consistent)."""
+    problems: list[ConfigProblem] = []
+    algo, rollout = run.algorithm, run.rollout
+    correction = algo.rollout_correction
+    if correction.rollout_is is not None and algo.tis_imp_ratio_cap is not None:
+        problems.append(
+            ConfigProblem(
+                "algorithm.rollout_correction.rollout_is",
+                "set together with algorithm.tis_imp_ratio_cap (the same token-level correction under its older "
+                "name): the loss would apply one of them",
+                "keep one: rollout_correction.rollout_is=token with rollout_is_threshold=<cap>, or tis_imp_ratio_cap",
+            )
+        )
+    if correction.rollout_is is not None and (rollout.temperature != 1.0 or rollout.top_k != -1 or rollout.top_p < 1):
+        problems.append(
+            ConfigProblem(
+                "algorithm.rollout_correction.rollout_is",
+                "the rollout's log-probs are of the raw distribution, the actor's of temperature "
+                f"{rollout.temperature} (top_k={rollout.top_k}, top_p={rollout.top_p}): the weight would measure the "
+                "sampling transform",
+                "sample with rollout.temperature=1.0, top_k=-1, top_p=1.0, or set rollout_correction.rollout_is=null",
+            )
+        )
+    if run.trainer.pipeline == "sync":
+        return problems
+    if rollout.mode != "async" or rollout.engine != "vllm":
+        problems.append(
+            ConfigProblem(
+                "trainer.pipeline",
+                f"one_step_off generates the next batch in the async engine's own process while the ranks train, "
+                f"but rollout.mode={rollout.mode}, rollout.engine={rollout.engine}",
+                "set rollout.engine=vllm rollout.mode=async, or trainer.pipeline=sync",
+            )
+        )
+    if algo.adv_estimator == "remax":
+        problems.append(
+            ConfigProblem(
+                "trainer.pipeline",
+                "one_step_off with adv_estimator=remax: ReMax's greedy baseline is a second rollout of the same "
+                "prompts with the current weights, which the prefetch cannot provide",
+                "set trainer.pipeline=sync, or another estimator (grpo, rloo, reinforce_plus_plus_baseline)",
+            )
+        )
+    if algo.filter_groups.enable:
+        problems.append(
+            ConfigProblem(
+                "trainer.pipeline",
+                "one_step_off with algorithm.filter_groups.enable: dynamic sampling generates more rounds inside the "
+                "step, with the current weights, so the step would not be one step off",
+                "set trainer.pipeline=sync, or algorithm.filter_groups.enable=false",
+            )
+        )
+    return problems
