@@ -8,7 +8,8 @@
 #   bash scripts/stack.sh up        # build, then start every container and wait until each one is ready
 #   bash scripts/stack.sh status    # containers, their state, and the URLs
 #   bash scripts/stack.sh trigger [CONF_JSON]   # one rlhf_ppo run through the Airflow REST API, waits for it
-#   bash scripts/stack.sh down      # stop and remove the stack's containers and volumes (nothing else)
+#   bash scripts/stack.sh down      # stop and remove the stack's containers and volumes (nothing else); their
+#                                   # logs stay in .rlhf/<stack>/logs/
 #
 # Every container uses host networking on 127.0.0.1 (podman here cannot set up bridge networks) and a fixed
 # port range, RLHF_STACK_PORT_BASE (default 28700) to +99, which `up` checks is free first. State (generated
@@ -417,6 +418,10 @@ cmd_down() {
   names=$(containers)
   # Only what carries the stack's label: other containers and volumes on this machine are never touched.
   if [ -n "$names" ]; then
+    # Their logs outlive them (a failed `up` or pipeline run is debugged from these after `down`).
+    mkdir -p "$STATE/logs"
+    local c
+    for c in $names; do podman logs --tail 2000 "$c" >"$STATE/logs/$c.log" 2>&1 || true; done
     # shellcheck disable=SC2086
     podman rm -f -t 10 $names >/dev/null
   fi
