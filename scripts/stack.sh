@@ -140,7 +140,7 @@ prepare_context() {
 }
 
 build_one() {
-  local name=$1 ref digest args=() start
+  local name=$1 ref digest args=() start previous
   digest=$(inputs_digest "$name")
   ref=rlhf-ops/$name:$digest
   REF[$name]=$ref
@@ -150,6 +150,7 @@ build_one() {
     return 0
   fi
   while read -r a; do args+=(--build-arg "$a"); done < <(build_args "$name")
+  previous=$(podman image inspect --format '{{.Id}}' "rlhf-ops/$name:local" 2>/dev/null || true)
   start=$(date +%s)
   log "building $ref (inputs $digest; log in $STATE/build-$name.log)"
   mkdir -p "$STATE"
@@ -162,17 +163,21 @@ build_one() {
   podman image exists "$ref" || die "building $ref stopped without an image; full log: $STATE/build-$name.log"
   log "built $ref in $(($(date +%s) - start)) s, $(podman image inspect --format '{{.Size}}' "$ref" \
     | awk '{printf "%.0f MB", $1 / 1e6}')"
-  prune_old "$name" "$digest"
+  prune_old "$name" "$digest" "$previous"
 }
 
-# Earlier builds of one image (other digest tags): untagged, so podman deletes them unless a container still
-# runs one (then rmi fails and it stays until the next build). Only rlhf-ops/NAME images, never anything else.
+# Earlier builds of one image (other digest tags, and the image `:local` pointed at before this build): untagged,
+# so podman deletes them unless a container still runs one (then rmi fails and it stays until the next build).
+# Only rlhf-ops/NAME images, never anything else.
 prune_old() {
-  local name=$1 keep=$2 tag
+  local name=$1 keep=$2 previous=${3:-} tag
   while read -r tag; do
     case "$tag" in "$keep" | local | "<none>" | "") continue ;; esac
     podman rmi "rlhf-ops/$name:$tag" >/dev/null 2>&1 || true
   done < <(podman images --filter "reference=rlhf-ops/$name" --format '{{.Tag}}' 2>/dev/null)
+  if [ -n "$previous" ] && [ "$(podman image inspect --format '{{len .RepoTags}}' "$previous" 2>/dev/null)" = 0 ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+  fi
 }
 
 # Build-time only (not in the images): this machine reaches PyPI through a TLS-intercepting proxy whose CA is in
