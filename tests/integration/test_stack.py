@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,8 +71,16 @@ def pipeline(stack: None) -> dict[str, Any]:
 def test_images_are_reused_when_inputs_did_not_change(stack: None) -> None:
     again = _stack("build", timeout=600)
     assert again.returncode == 0, again.stderr
-    for name in ("services", "mlflow", "airflow", "worker-cpu"):
-        assert f"image rlhf-ops/{name}:local is up to date" in again.stderr
+    reused = re.findall(r"image rlhf-ops/([\w-]+):([0-9a-f]{16}) is up to date", again.stderr)
+    assert sorted(name for name, _ in reused) == ["airflow", "mlflow", "services", "worker-cpu"], again.stderr
+    # The containers run the content-hash tags the rebuild just found up to date.
+    running = subprocess.run(
+        ["podman", "ps", "--filter", "label=rlhf-ops.stack=rlhf-stack", "--format", "{{.Image}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert {ref.removeprefix("localhost/") for ref in running} == {f"rlhf-ops/{n}:{d}" for n, d in reused}
 
 
 def test_airflow_image_has_no_torch(stack: None) -> None:

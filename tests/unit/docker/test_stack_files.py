@@ -1,11 +1,13 @@
 """Cheap checks of the deployment files (no image is built for real, no service starts).
 
-- ``docker/compose.yaml`` parses and wires the services the docs list;
+- ``docker/compose.yaml`` renders and validates like ``docker compose config`` with ``docker/.env.example``
+  (``tests/support/compose_config.py``: no compose CLI here) and wires the services the docs list;
 - every Dockerfile takes its base image as ``BASE_IMAGE`` with an official image as the default, and its first
   stage builds from the local Debian base (``docker/podman-setup.sh``): the ``ARG``/``FROM`` preamble of each
   file plus ``RUN true``, so seconds and no network;
 - ``scripts/stack.sh``'s bad-input paths answer with one line: no base image, a stack already up, a port
-  taken, an unknown command; ``down`` removes the stack's own containers and volumes and nothing else.
+  taken, a container that exited (``status``; ``up`` uses the same line while it waits), an unknown command;
+  ``down`` removes the stack's own containers and volumes and nothing else.
 
 The podman tests need podman and the local base: setup_env.sh installs both as root; they skip (with the
 reason) only where ``docker/podman-setup.sh`` cannot.
@@ -21,11 +23,15 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from tests.support.compose_config import ComposeError, read_env_file, render
+
 ROOT = Path(__file__).resolve().parents[3]
+COMPOSE = ROOT / "docker/compose.yaml"
 LOCAL_BASE = "local/debian:bookworm"
 DOCKERFILES = {
     "airflow.Dockerfile": "apache/airflow:${AIRFLOW_VERSION}-python${AIRFLOW_PYTHON_VERSION}",
@@ -36,9 +42,10 @@ DOCKERFILES = {
 }
 
 
-def test_compose_file_parses_and_has_the_documented_services() -> None:
-    compose = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
-    assert set(compose["services"]) == {
+def test_compose_config_renders_with_the_example_env() -> None:
+    """What ``docker compose -f docker/compose.yaml --env-file docker/.env.example config`` checks."""
+    model = render(COMPOSE, read_env_file(ROOT / "docker/.env.example"))
+    assert set(model["services"]) == {
         "postgres",
         "minio",
         "minio-init",
@@ -51,10 +58,42 @@ def test_compose_file_parses_and_has_the_documented_services() -> None:
         "ray-head",
         "ray-gpu-worker",
     }
+    services = model["services"]
     # Every Airflow component shares the one image; both Ray nodes share the worker image.
-    images = {name: svc.get("image") for name, svc in compose["services"].items()}
-    assert {images[n] for n in images if n.startswith("airflow-")} == {"${RLHF_AIRFLOW_IMAGE:-rlhf-ops/airflow:dev}"}
-    assert images["ray-head"] == images["ray-gpu-worker"] == "${RLHF_WORKER_IMAGE:-rlhf-ops/worker:dev}"
+    assert {s["image"] for n, s in services.items() if n.startswith("airflow-")} == {"rlhf-ops/airflow:dev"}
+    assert services["ray-head"]["image"] == services["ray-gpu-worker"]["image"] == "rlhf-ops/worker:dev"
+    # Interpolated from the env file, merged from the anchors, `$$` unescaped for the container's shell.
+    env = services["airflow-scheduler"]["environment"]
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
+        "postgresql+psycopg2://airflow:change-me-airflow-db@postgres:5432/airflow"
+    )
+    assert services["airflow-triggerer"]["healthcheck"]["test"][1].endswith('--hostname "${HOSTNAME}"')
+    assert services["airflow-init"]["restart"] == "no"
+    assert services["mlflow"]["ports"] == ["127.0.0.1:5000:5000"]
+
+
+def test_compose_config_without_env_names_the_missing_secret() -> None:
+    with pytest.raises(ComposeError, match=r"^required variable \w+ is missing a value: set it in docker/.env$"):
+        render(COMPOSE, {})
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda c: c["services"]["mlflow"].update(depends_on={"postgress": {}}), "no service 'postgress'"),
+        (lambda c: c["services"]["mlflow"].update(volumes=["mlruns:/mlruns"]), "named volume 'mlruns'"),
+        (lambda c: c["services"]["mlflow"]["build"].update(dockerfile="nope.Dockerfile"), "does not exist"),
+        (lambda c: c["services"]["mlflow"].update(prots=[]), "unsupported keys ['prots']"),
+    ],
+)
+def test_compose_config_rejects_a_broken_file(tmp_path: Path, edit: Any, problem: str) -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    edit(compose)
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(yaml.safe_dump(compose))
+    with pytest.raises(ComposeError) as exc:
+        render(broken, read_env_file(ROOT / "docker/.env.example"), project_dir=ROOT / "docker")
+    assert problem in str(exc.value)
 
 
 def _preamble(dockerfile: Path) -> tuple[list[str], str]:
@@ -205,6 +244,23 @@ def test_stack_up_refuses_a_second_stack_and_down_removes_only_its_own(podman: s
     ).stdout.split()
     assert containers == [other]
     assert volumes == [f"{name}-keep"]
+
+
+def test_stack_status_names_a_container_that_exited(podman: str, stack_env: dict[str, str]) -> None:
+    name = stack_env["RLHF_STACK_NAME"]
+    label = f"rlhf-ops.stack={name}"
+    crashed = f"{name}-mlflow"
+    script = "echo starting; echo 'Error: no such option --wokers' >&2; exit 3"
+    run = [podman, "run", "--name", crashed, "--label", label, "--network", "host", LOCAL_BASE, "bash", "-c", script]
+    subprocess.run(run, capture_output=True)
+    status = _stack("status", env=stack_env)
+    assert status.returncode == 1
+    assert crashed in status.stdout  # the table still lists it
+    lines = [line for line in status.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"stack: container {crashed} exited (code 3, state exited): Error: no such option --wokers; "
+        f"full log: podman logs {crashed}"
+    ]
 
 
 def test_stack_unknown_command_prints_the_usage() -> None:
