@@ -124,6 +124,10 @@ def test_rlhf_train_survives_an_mlflow_kill_and_every_step_reaches_mlflow(tmp_pa
         finally:
             del os.environ["MLFLOW_RUN_ID"]
         _wait_steps(run_dir, KILL_AFTER, proc, log)
+        # The JSONL line comes just before the MLflow send of the same step: let that send finish, or it would sit
+        # in MLflow's own retries (up to 247 s) instead of meeting a failed health probe (the test would pass,
+        # more slowly).
+        time.sleep(2)
         killed = server.kill()
         killed_at = time.monotonic()
         _wait_steps(run_dir, RESTART_AFTER, proc, log)
@@ -147,7 +151,8 @@ def test_rlhf_train_survives_an_mlflow_kill_and_every_step_reaches_mlflow(tmp_pa
             elif not (got == value or (value is None and (math.isnan(got) or abs(got) > 1e300))):
                 different.append(f"{step}:{key}: {got} != {value}")
     assert not missing and not different, (missing[:10], different[:10])
-    assert f"MLflow at {url} is not answering" in text and f"MLflow at {url} answers again after" in text, text[-3000:]
+    # One line when the outage began (or, if a send was caught mid-request, when training stopped waiting for it).
+    assert f"MLflow at {url} is not answering" in text or f"MLflow at {url} is slow to answer" in text, text[-3000:]
     figures.record(
         train_mlflow_kills=1,
         train_mlflow_processes_killed=killed,
