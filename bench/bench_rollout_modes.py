@@ -13,7 +13,7 @@ Modes (every one a vLLM engine per rank, 2 FSDP2 ranks, the same prompts, seeds,
 - ``one_step_off``: async + ``trainer.pipeline=one_step_off`` (step k + 1's batch generated while step k trains)
   + ``algorithm.rollout_correction.rollout_is=token``.
 
-Each mode runs ``--steps`` steps through the real entrypoint (``python -m rlhf_ops.entrypoints.train``) in a
+Each mode runs ``--steps`` steps through the real entrypoint (``python -m workers.entrypoints.train``) in a
 subprocess; the first step is dropped (engine warm-up; one_step_off's first step is synchronous). Reported per
 mode, means over the remaining steps:
 
@@ -78,7 +78,7 @@ def _workload(model: str, steps: int, max_new_tokens: int | None) -> tuple[str, 
 def _run_mode(mode: str, preset: str, overrides: list[str], root: Path, timeout_s: float) -> list[dict[str, Any]]:
     out = root / mode
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "rlhf_ops.entrypoints.train", "--preset", preset, *overrides, *MODES[mode]]
+    cmd = [sys.executable, "-m", "workers.entrypoints.train", "--preset", preset, *overrides, *MODES[mode]]
     cmd += [f"trainer.checkpoint_root={out}", "trainer.experiment_name=bench", f"trainer.run_name={mode}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)})

@@ -7,7 +7,9 @@ this script runs pytest with ``RLHF_RELIABILITY_OUT`` pointing at a folder, then
     .venv/bin/python bench/reliability_report.py                # the default cases (~5 minutes on 2 cores)
     .venv/bin/python bench/reliability_report.py --slow         # plus the slow ones (3000 fuzzed values,
                                                                 #  100 faulty syncs, kill + resume of rlhf train,
-                                                                #  kills of one worker rank and of the Ray head)
+                                                                #  kills of one worker rank and of the Ray head,
+                                                                #  MLflow killed under rlhf train, the Airflow
+                                                                #  triggerer / worker killed under a real DAG run)
     .venv/bin/python bench/reliability_report.py --from DIR     # print figures recorded earlier
 """
 
@@ -60,7 +62,30 @@ ROWS = [
     ("test_kill_upload.", "files_up_at_kill", "files of the half-uploaded checkpoint on the remote at the kill"),
     ("test_kill_upload.", "upload_checkpoint_without_manifest_seen", "remote checkpoint seen without its manifest"),
     ("test_kill_upload.", "completed_after_resync", "checkpoints complete (hashes verified) after the next sync"),
+    ("test_mlflow_outage.", "mlflow_kills", "SIGKILL of the MLflow server while metrics are logged"),
+    ("test_mlflow_outage.", "mlflow_steps_logged_during_outage", "MLflow: steps logged while it was down"),
+    ("test_mlflow_outage.", "mlflow_longest_log_wait_seconds", "MLflow: longest log_metrics call while down (s)"),
+    ("test_mlflow_outage.", "mlflow_outage_seconds", "MLflow: seconds from the first failed send to the next"),
+    ("test_mlflow_outage.", "mlflow_values_sent", "MLflow: metric values in MLflow after the restart"),
+    ("test_mlflow_outage.", "mlflow_values_lost", "MLflow: metric values lost"),
+    ("test_mlflow_outage.", "train_mlflow_kills", "SIGKILL of the MLflow server during rlhf train"),
+    ("test_mlflow_outage.", "train_steps_while_mlflow_down", "rlhf train: steps trained while MLflow was down"),
+    ("test_mlflow_outage.", "train_mlflow_down_seconds", "rlhf train: seconds MLflow was down"),
+    ("test_mlflow_outage.", "train_values_checked", "rlhf train: metric values compared with metrics.jsonl"),
+    ("test_mlflow_outage.", "train_values_missing", "rlhf train: values missing from MLflow"),
+    ("test_mlflow_outage.", "train_values_different", "rlhf train: values different in MLflow"),
+    ("test_orchestrator_kill.", "orchestrator_kills", "SIGKILL of the process running train's operator / trigger"),
+    ("test_orchestrator_kill.", "orchestrator_second_jobs", "second Ray jobs submitted after those kills"),
+    ("test_orchestrator_kill.", "orchestrator_tasks_succeeded", "tasks that ended with the job's result"),
 ]
+# The slow real-Airflow kills (tests/reliability/test_orchestrator_kill.py): the triggerer, a LocalExecutor worker.
+for _dag, _what in (("kill_triggerer", "the Airflow triggerer"), ("kill_worker", "the Airflow worker")):
+    ROWS += [
+        ("test_orchestrator_kill.", f"{_dag}_kills", f"SIGKILL of {_what} while train runs"),
+        ("test_orchestrator_kill.", f"{_dag}_try_number", f"{_what}: the try that succeeded"),
+        ("test_orchestrator_kill.", f"{_dag}_seconds_to_success", f"{_what}: seconds from the kill to success"),
+        ("test_orchestrator_kill.", f"{_dag}_jobs_for_the_task", f"{_what}: Ray jobs for the task"),
+    ]
 # The slow Ray kills (tests/reliability/test_kill_ray.py): one worker rank's actor process, the Ray head's GCS.
 for _target, _what in (("worker_rank", "one worker rank"), ("ray_head", "the Ray head (GCS)")):
     ROWS += [

@@ -174,10 +174,13 @@ def start_ray_head(
     return Service(url=url, log=log, pid=proc.pid, stop=stop)
 
 
-def start_mlflow_server(root: Path, *, backend_store_uri: str | None = None, timeout_s: float = 120.0) -> Service:
-    """``mlflow server`` on 127.0.0.1 (one worker; SQLite under ``root`` unless ``backend_store_uri``)."""
+def start_mlflow_server(
+    root: Path, *, backend_store_uri: str | None = None, timeout_s: float = 120.0, port: int | None = None
+) -> Service:
+    """``mlflow server`` on 127.0.0.1 (one worker; SQLite under ``root`` unless ``backend_store_uri``), on ``port``
+    or a free one (a server started again on its old port and ``root`` serves the same runs)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_ports(1)[0]
+    port = port or free_ports(1)[0]
     exe = Path(sys.executable).with_name("mlflow")
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "mlflow"]
     backend = backend_store_uri or f"sqlite:///{(root / 'mlflow.db').absolute()}"
@@ -199,7 +202,7 @@ def start_mlflow_server(root: Path, *, backend_store_uri: str | None = None, tim
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
         env.pop(name, None)
     log = root / "server.log"
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
 

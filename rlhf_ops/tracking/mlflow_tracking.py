@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
 from rlhf_ops.tracking.logger import to_float_metrics
+from rlhf_ops.tracking.metric_buffer import BufferReport, MetricBuffer
 from rlhf_ops.tracking.params import (
     MAX_METRICS_PER_BATCH,
     MAX_PARAMS_TAGS_PER_BATCH,
@@ -200,12 +202,20 @@ class MlflowLogger:
     metrics, 100 params or tags, 1000 entities per request). ``close`` stops the system-metrics thread
     but leaves the run open: the pipeline ends it with ``end_pipeline_run``.
 
+    With ``buffered=True`` (``rlhf train``) metrics go through a ``MetricBuffer``: if the server stops answering
+    mid-run, training goes on, the values are kept (up to ``max_buffered_metrics``) and sent in order when it is
+    back; ``close`` waits up to ``flush_timeout_s`` for them and logs one line naming what was never sent
+    (``buffer_report`` holds the figures). Without it a failed request raises, as MLflow's client does.
+
     Args:
         run_id: Run to attach to; ``None`` reads ``$MLFLOW_RUN_ID``.
         tracking_uri: MLflow server URI; ``None`` uses ``$MLFLOW_TRACKING_URI``.
         rank: This process's rank; only rank 0 talks to MLflow.
         log_system_metrics: Run MLflow's CPU/memory/disk/network/GPU monitor (needs ``psutil``).
         system_metrics_interval_s: Sampling interval of that monitor.
+        buffered: Survive server outages mid-run (see above).
+        max_buffered_metrics: Most metric values kept during an outage; the oldest are dropped beyond it.
+        flush_timeout_s: How long ``close`` waits for buffered values to be sent.
     """
 
     def __init__(
@@ -216,12 +226,19 @@ class MlflowLogger:
         rank: int = 0,
         log_system_metrics: bool = True,
         system_metrics_interval_s: float = 10.0,
+        buffered: bool = False,
+        max_buffered_metrics: int = 100_000,
+        flush_timeout_s: float = 120.0,
     ) -> None:
         self.rank = rank
         self.run_id = run_id or os.environ.get(ENV_RUN_ID) or ""
         self._overflow: dict[str, str] = {}
         self._monitor: Any = None
         self._client: MlflowClient | None = None
+        self._buffer: MetricBuffer | None = None
+        self._system_metrics_interval_s = system_metrics_interval_s
+        self.flush_timeout_s = flush_timeout_s
+        self.buffer_report: BufferReport | None = None
         if rank != 0:
             return
         if not self.run_id:
@@ -235,6 +252,17 @@ class MlflowLogger:
             self._client.update_run(self.run_id, status="RUNNING")
         if log_system_metrics:
             self._monitor = _start_system_metrics(self.run_id, self.tracking_uri, system_metrics_interval_s)
+        if buffered:
+            client, run = self._client, self.run_id
+            self._buffer = MetricBuffer(
+                lambda batch: client.log_batch(run, metrics=batch),
+                where=f"MLflow at {redact_value(self.tracking_uri)}",
+                probe=_health_probe(self.tracking_uri),
+                is_permanent=_is_refusal,
+                max_values=max_buffered_metrics,
+                batch_size=MAX_METRICS_PER_BATCH,
+                on_recover=self._restart_system_metrics,
+            )
 
     @property
     def active(self) -> bool:
@@ -248,6 +276,9 @@ class MlflowLogger:
         values = sanitize_keys(to_float_metrics(metrics, step), what="log_metrics")
         timestamp_ms = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
         entities = [Metric(k, v, timestamp_ms, step) for k, v in values.items()]
+        if self._buffer is not None:
+            self._buffer.add(entities, step=step)
+            return
         for batch in chunked(entities, MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=batch)
 
@@ -308,11 +339,63 @@ class MlflowLogger:
         return f"runs:/{self.run_id}/{artifact_path}"
 
     def close(self) -> None:
-        """Stop the system-metrics thread (flushing its last samples); the run itself stays open."""
+        """Send buffered metrics (up to ``flush_timeout_s``), stop the system-metrics thread (flushing its last
+        samples); the run itself stays open."""
+        if self._buffer is not None:
+            self.buffer_report = self._buffer.close(self.flush_timeout_s)
+            self._buffer = None
         if self._monitor is not None:
-            self._monitor.finish()
+            _finish_system_metrics(self._monitor)
             self._monitor = None
         self._client = None
+
+    def _restart_system_metrics(self) -> None:
+        """After an outage: MLflow's monitor thread ends when a request fails, so start a new one (it resumes
+        the ``system/*`` step counter)."""
+        old = self._monitor
+        thread = getattr(old, "_process", None)  # the monitor's thread (MLflow names it so)
+        if old is None or self._client is None or (thread is not None and thread.is_alive()):
+            return
+        self._monitor = _start_system_metrics(self.run_id, self.tracking_uri, self._system_metrics_interval_s)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """Whether MLflow refused a request (HTTP 4xx but 408 / 429): retrying it cannot help."""
+    if not isinstance(exc, MlflowException):
+        return False
+    status = exc.get_http_status_code()
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+def _health_probe(tracking_uri: str) -> Any:
+    """``GET <uri>/health`` with a short timeout for an HTTP server (any answer below 500 means it is up);
+    ``None`` for other stores (files, databases), which have no outage of their own."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    import requests
+
+    url = tracking_uri.rstrip("/") + "/health"
+    session = requests.Session()  # keep-alive: one probe per batch costs a few ms
+
+    def probe() -> bool:
+        try:
+            return session.get(url, timeout=5).status_code < 500
+        except requests.RequestException:
+            return False
+
+    return probe
+
+
+def _finish_system_metrics(monitor: Any, timeout_s: float = 30.0) -> None:
+    """``monitor.finish()``, waiting at most ``timeout_s``: its thread may sit in MLflow's retries for minutes
+    when the server is away."""
+    done = threading.Thread(target=monitor.finish, name="rlhf-system-metrics-finish", daemon=True)
+    done.start()
+    done.join(timeout_s)
+    if done.is_alive():
+        _log.warning(
+            "the system-metrics thread did not stop within %.0f s (MLflow not answering); left behind", timeout_s
+        )
 
 
 def _start_system_metrics(run_id: str, tracking_uri: str, interval_s: float) -> Any:

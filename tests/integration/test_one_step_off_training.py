@@ -72,7 +72,7 @@ def preset(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> str
 
 
 def _command(root: Path, preset: str, ray_address: str) -> list[str]:
-    entry = [sys.executable, "-m", "rlhf_ops.entrypoints.train", "--preset", preset, "--ray-address", ray_address]
+    entry = [sys.executable, "-m", "workers.entrypoints.train", "--preset", preset, "--ray-address", ray_address]
     return [*entry, f"trainer.checkpoint_root={root}"]
 
 

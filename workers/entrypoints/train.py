@@ -37,7 +37,8 @@ def build_loggers(config: RunConfig, run_dir: Path) -> Any:
         elif name == "mlflow":
             from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
 
-            loggers.append(MlflowLogger(tracking_uri=config.tracking.mlflow_uri))
+            # Buffered: an MLflow outage mid-run must not stop training (metrics are sent when it is back).
+            loggers.append(MlflowLogger(tracking_uri=config.tracking.mlflow_uri, buffered=True))
     return MultiLogger(loggers)
 
 
