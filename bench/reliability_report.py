@@ -4,7 +4,7 @@ Every case records what it measured (fuzzed values refused / accepted, rows acco
 processes left alive, lost / repeated steps, storage faults injected, secrets found) into a JSON file per case;
 this script runs pytest with ``RLHF_RELIABILITY_OUT`` pointing at a folder, then prints one table.
 
-    .venv/bin/python bench/reliability_report.py                # the default cases (~5 minutes on 2 cores)
+    .venv/bin/python bench/reliability_report.py                # the default cases (~7 minutes on 2 cores, estimated)
     .venv/bin/python bench/reliability_report.py --slow         # plus the slow ones (3000 fuzzed values,
                                                                 #  100 faulty syncs, kill + resume of rlhf train,
                                                                 #  kills of one worker rank and of the Ray head,
@@ -86,6 +86,7 @@ for _dag, _what in (("kill_triggerer", "the Airflow triggerer"), ("kill_worker",
         ("test_orchestrator_kill.", f"{_dag}_seconds_to_success", f"{_what}: seconds from the kill to success"),
         ("test_orchestrator_kill.", f"{_dag}_jobs_for_the_task", f"{_what}: Ray jobs for the task"),
     ]
+ROWS.append(("test_orchestrator_kill.", "kill_worker_retry_found_the_job_running", "the retry found the job running"))
 # The slow Ray kills (tests/reliability/test_kill_ray.py): one worker rank's actor process, the Ray head's GCS.
 for _target, _what in (("worker_rank", "one worker rank"), ("ray_head", "the Ray head (GCS)")):
     ROWS += [
