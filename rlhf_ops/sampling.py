@@ -7,8 +7,28 @@ The controller builds them from ``rollout.*`` (training) or ``rollout.val_kwargs
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "rollout_logprobs_comparable", "rollout_logprobs_mode"]
+
+
+def rollout_logprobs_mode(*, temperature: float, top_p: float, top_k: int) -> Literal["raw", "processed"]:
+    """What the engines' ``rollout_log_probs`` hold for a run sampling with these settings.
+
+    ``"processed"`` (log-probs of the temperature-scaled distribution the tokens were drawn from) when nothing
+    truncates it (``top_p == 1``, ``top_k`` off): they then equal the actor's recompute at the rollout
+    temperature, which is what ``training/rollout_probs_diff_*`` and truncated importance sampling compare
+    against. With top-p / top-k the sampled distribution is one the actor cannot recompute, so ``"raw"``
+    (temperature 1, unfiltered: comparable at temperature 1 only).
+    """
+    del temperature  # processed == raw at temperature 1; the choice depends on truncation only
+    return "processed" if top_p >= 1.0 and top_k <= 0 else "raw"
+
+
+def rollout_logprobs_comparable(*, temperature: float, top_p: float, top_k: int) -> bool:
+    """True when the engines' ``rollout_log_probs`` equal the actor's log-probs at ``temperature`` (see above)."""
+    mode = rollout_logprobs_mode(temperature=temperature, top_p=top_p, top_k=top_k)
+    return mode == "processed" or temperature == 1.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

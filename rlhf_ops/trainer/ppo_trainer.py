@@ -20,7 +20,7 @@ from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
 from rlhf_ops.data.dataset import PromptLoader
 from rlhf_ops.protocol import DataProto
-from rlhf_ops.sampling import SamplingParams
+from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
@@ -195,9 +195,11 @@ class PPOTrainer:
         _add_worker_timing(timer, old)
         old_log_probs = old.tensors["old_log_probs"]
         # The engine's log-probs against the actor's recompute (skipped pass: the update reports it from
-        # its first forward). Engines report temperature-1 ("raw") log-probs while old_log_probs use the
-        # rollout temperature, so they compare only at temperature 1.
-        if "rollout_log_probs" in batch.tensors.keys() and self.config.rollout.temperature == 1.0:
+        # its first forward). Engines report log-probs at the rollout temperature unless top-p / top-k truncate
+        # the sampled distribution (then at temperature 1): compare only when that is the actor's temperature.
+        r = self.config.rollout
+        comparable = rollout_logprobs_comparable(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+        if "rollout_log_probs" in batch.tensors.keys() and comparable:
             b = batch.tensors
             metrics.update(compute_rollout_probs_diff(b["rollout_log_probs"], old_log_probs, b["response_mask"]))
         return {"old_log_probs": old_log_probs}

@@ -23,7 +23,7 @@ from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
 from rlhf_ops.models.modality import media_token_ids
 from rlhf_ops.protocol import DataProto
-from rlhf_ops.sampling import SamplingParams
+from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable, rollout_logprobs_mode
 from workers.actor.dp_actor import DataParallelPPOActor
 from workers.checkpointing import gather_full_state_dict, load_role_checkpoint, save_role_checkpoint
 from workers.fsdp.lora import adapters_disabled
@@ -148,6 +148,9 @@ class ActorRolloutRefWorker(Worker):
                 sp_group=self.sp_group,
                 device=self.device,
                 seed=spec.seed,
+                rollout_logprobs_at_temperature=rollout_logprobs_comparable(
+                    temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, top_k=spec.rollout.top_k
+                ),
             )
             self.flops = flops_model(module)  # MFU from the architecture (LoRA: frozen base, trained adapters)
         if "rollout" in self.parts:
@@ -228,6 +231,7 @@ class ActorRolloutRefWorker(Worker):
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
+            logprobs_mode=rollout_logprobs_mode(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
             seed=spec.seed + 1000 * self.rank,
             suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
         )
@@ -246,6 +250,9 @@ class ActorRolloutRefWorker(Worker):
             seed=spec.seed + 1000 * self.rank,
             device="cuda" if self.device.type == "cuda" else "cpu",
             max_prompt_length=spec.plan.max_prompt_length,
+            logprobs_mode=rollout_logprobs_mode(
+                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, top_k=spec.rollout.top_k
+            ),
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

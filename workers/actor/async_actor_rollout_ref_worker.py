@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlhf_ops.protocol import DataProto
-from rlhf_ops.sampling import SamplingParams
+from rlhf_ops.sampling import SamplingParams, rollout_logprobs_mode
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.rollout.base import RolloutEngine
 from workers.single_controller.decorator import Dispatch, register
@@ -73,6 +73,9 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
             seed=spec.seed + 1000 * self.rank,
             device="cuda" if self.device.type == "cuda" else "cpu",
             max_prompt_length=spec.plan.max_prompt_length,
+            logprobs_mode=rollout_logprobs_mode(
+                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, top_k=spec.rollout.top_k
+            ),
         )
 
     # ------------------------------------------------------------------------------------------- prefetch

@@ -119,8 +119,12 @@ class DataParallelPPOActor:
         sp_group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         seed: int = 0,
+        rollout_logprobs_at_temperature: bool = False,
     ) -> None:
         self.module, self.optimizer, self.lr_scheduler = module, optimizer, lr_scheduler
+        # True when the rollout engine reports log-probs at the sampling temperature (its "processed" mode):
+        # then the on-policy update compares them with its own at any temperature, not only at 1.
+        self.rollout_logprobs_at_temperature = rollout_logprobs_at_temperature
         self.config, self.algorithm, self.plan = config, algorithm, plan
         self.dp_group, self.sp_group, self.seed = dp_group, sp_group, seed
         self.dp_size, self.sp_size = check_parallel_groups(
@@ -242,9 +246,9 @@ class DataParallelPPOActor:
         present = set(data.batch.keys()) if data.batch is not None else set()
         if "old_log_probs" in present or not self.on_policy:
             keys = (*keys, "old_log_probs")
-        elif "rollout_log_probs" in present and temperature == 1.0:
-            # On-policy: the first forward's log-probs give the rollout diff (engines report temperature-1
-            # log-probs, so only at temperature 1).
+        elif "rollout_log_probs" in present and (temperature == 1.0 or self.rollout_logprobs_at_temperature):
+            # On-policy: the first forward's log-probs give the rollout diff, when the engine's log-probs are
+            # of the distribution this forward computes (temperature 1, or the engine's "processed" mode).
             keys = (*keys, "rollout_log_probs")
             self._diff_max = torch.zeros((), device=self.device)
         algo = self.algorithm
