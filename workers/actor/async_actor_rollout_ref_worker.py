@@ -38,13 +38,15 @@ class _Prefetch:
 
     prompts: DataProto
     sync_s: float
+    sampling: SamplingParams | None = None
+    step: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: DataProto | None = None
     error: BaseException | None = None
 
     def run(self, engine: RolloutEngine) -> None:
         try:
-            self.result = engine.generate_sequences(self.prompts)
+            self.result = engine.generate_sequences(self.prompts, self.sampling, self.step)
         except BaseException as exc:  # re-raised by collect_sequences on the Ray method thread
             self.error = exc
         finally:
@@ -99,14 +101,9 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
         if self._prefetch is not None:
             raise RuntimeError("submit_sequences: the previous rollout was not collected; call collect_sequences.")
         prompts = prompts.to(self.device)
-        # As generate_sequences: the engines read the call's sampling settings and step seed from meta_info.
-        if sampling is not None:
-            prompts.meta_info.update(sampling.to_meta())
-        if step is not None:
-            prompts.meta_info["global_steps"] = step
         self.sharding_manager.__enter__()  # wake + weight sync here, on the method thread; exit in collect
         sync_s = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
-        pending = _Prefetch(prompts, sync_s)
+        pending = _Prefetch(prompts, sync_s, sampling, step)  # the engine takes them as generate_sequences does
         threading.Thread(target=pending.run, args=(self.rollout,), name="rollout-prefetch", daemon=True).start()
         self._prefetch = pending
         receipt = {"submitted": torch.ones(len(prompts), dtype=torch.bool)}
