@@ -90,8 +90,9 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
         background and returns at once: a receipt, ``submitted`` (rows,) bool, with the sync's seconds in
         ``meta_info["timing"]["update_weights"]``. Same inputs and seeding as ``generate_sequences``.
 
-        The engine stays awake (GPU: no sleep) until :meth:`collect_sequences`, so it generates while the
-        ranks run the step's forwards and update: the weights it generates with are those of this call.
+        The engine generates while the ranks run the step's forwards and update, with the weights of this call.
+        It stays awake across steps (GPU: no sleep / wake-up per step, its weights and KV cache stay resident
+        next to the optimizer state); only a ``generate_sequences`` call (validation) puts it to sleep after.
 
         Raises:
             RuntimeError: A rollout submitted earlier was not collected yet.
@@ -101,7 +102,10 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
         if self._prefetch is not None:
             raise RuntimeError("submit_sequences: the previous rollout was not collected; call collect_sequences.")
         prompts = prompts.to(self.device)
-        self.sharding_manager.__enter__()  # wake + weight sync here, on the method thread; exit in collect
+        # Wake (a no-op when awake) + weight sync (when the actor changed) here, on the method thread. No exit
+        # in collect: the next submit follows at once, and a sleep in between would only copy the weights out
+        # and back (GPU with free_cache_engine; on CPU both are no-ops).
+        self.sharding_manager.__enter__()
         sync_s = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
         pending = _Prefetch(prompts, sync_s, sampling, step)  # the engine takes them as generate_sequences does
         threading.Thread(target=pending.run, args=(self.rollout,), name="rollout-prefetch", daemon=True).start()
@@ -126,12 +130,8 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
         pending, self._prefetch = self._prefetch, None
         if pending is None:
             raise RuntimeError("collect_sequences: no rollout was submitted; call submit_sequences first.")
-        assert self.sharding_manager is not None
         start = time.perf_counter()
-        try:
-            pending.done.wait()
-        finally:
-            self.sharding_manager.__exit__(None, None, None)  # GPU with free_cache_engine: the engine sleeps now
+        pending.done.wait()
         wait_s = time.perf_counter() - start
         if pending.error is not None:
             raise pending.error
