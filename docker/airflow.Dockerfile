@@ -29,8 +29,12 @@ ARG AIRFLOW_PYTHON_VERSION
 ARG AIRFLOW_CONSTRAINTS_URL="https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${AIRFLOW_PYTHON_VERSION}.txt"
 ARG AIRFLOW_USE_CONSTRAINTS=true
 ARG RLHF_OPS_GIT_COMMIT=""
-# The same Celery provider as the CPU worker image's heavy_queue worker (docker/worker-cpu.Dockerfile).
+# The same Celery provider as the CPU worker image's heavy_queue worker (docker/worker-cpu.Dockerfile), and the
+# Celery release it works with: provider 3.26.0 imports `retry` from celery.backends.database, which celery 5.7.0
+# removed (the scheduler fails to load CeleryExecutor); kombu from the same release series as that celery.
 ARG CELERY_PROVIDER_VERSION=3.26.0
+ARG CELERY_VERSION=5.6.3
+ARG KOMBU_VERSION=5.6.2
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -60,7 +64,8 @@ RUN if ! command -v airflow >/dev/null; then \
         && pip install "pip>=25" \
         && c=(); if [ -f /opt/rlhf/constraints/constraints.txt ]; then c=(-c /opt/rlhf/constraints/constraints.txt); fi \
         && pip install "apache-airflow[celery,fab,postgres,http]==${AIRFLOW_VERSION}" \
-            "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "${c[@]}" \
+            "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "celery==${CELERY_VERSION}" \
+            "kombu==${KOMBU_VERSION}" "${c[@]}" \
         && mkdir -p /opt/airflow/dags /opt/airflow/logs /opt/airflow/plugins \
         && cp /opt/rlhf/airflow-entrypoint.sh /entrypoint \
         && chown -R 50000:0 /home/airflow /opt/airflow && chmod -R g+w /opt/airflow; \
@@ -97,11 +102,13 @@ COPY --chown=50000:0 dags/ /opt/airflow/dags/
 COPY --chown=50000:0 plugins/ /opt/airflow/plugins/
 COPY --chown=50000:0 --chmod=0755 docker/airflow-init.sh /opt/rlhf/bin/airflow-init.sh
 
-# Build-time checks: the Airflow-facing modules import, torch/vLLM/transformers did NOT leak in, and no broken
+# Build-time checks: the Airflow-facing modules and the CeleryExecutor import (what the scheduler and the workers
+# load), torch/vLLM/transformers did NOT leak in, and no broken
 # requirement except rlhf-ops' own (its torch/transformers/mlflow pins are bypassed on purpose, see above).
 RUN python -c "import importlib.util as u; \
 import rlhf_ops.config, rlhf_ops.tracking, rlhf_ops.tracking.mlflow_tracking, rlhf_ops.storage, rlhf_ops.pipeline.params; \
 import rlhf_airflow.hooks, rlhf_airflow.operators, rlhf_airflow.triggers, rlhf_airflow.links, ray.job_submission; \
+import airflow.providers.celery.executors.celery_executor; \
 leaked = [m for m in ('torch', 'vllm', 'transformers', 'flash_attn') if u.find_spec(m) is not None]; \
 assert not leaked, f'heavy packages in the Airflow image: {leaked}'" \
     && (pip check || true) | { ! grep -v -e '^rlhf-ops ' -e '^No broken requirements found'; }

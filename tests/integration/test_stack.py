@@ -129,6 +129,7 @@ def test_model_registered_in_mlflow(pipeline: dict[str, Any]) -> None:
 
     client = MlflowClient(MLFLOW)
     champion = client.get_model_version_by_alias("rlhf_ppo-tiny-cpu", "champion")
+    assert champion.run_id is not None
     run = client.get_run(champion.run_id)
     assert run.data.tags["airflow.run_id"] == pipeline["dag_run_id"]
     assert run.info.status == "FINISHED"
