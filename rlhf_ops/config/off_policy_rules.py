@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlhf_ops.config.errors import ConfigProblem
 from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.sampling import rollout_logprobs_comparable
 
 
 def off_policy_problems(run: RunConfig) -> list[ConfigProblem]:
@@ -22,14 +23,17 @@ def off_policy_problems(run: RunConfig) -> list[ConfigProblem]:
                 "keep one: rollout_correction.rollout_is=token with rollout_is_threshold=<cap>, or tis_imp_ratio_cap",
             )
         )
-    if correction.rollout_is is not None and (rollout.temperature != 1.0 or rollout.top_k != -1 or rollout.top_p < 1):
+    if correction.rollout_is is not None and not rollout_logprobs_comparable(
+        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k
+    ):
         problems.append(
             ConfigProblem(
                 "algorithm.rollout_correction.rollout_is",
-                "the rollout's log-probs are of the raw distribution, the actor's of temperature "
-                f"{rollout.temperature} (top_k={rollout.top_k}, top_p={rollout.top_p}): the weight would measure the "
-                "sampling transform",
-                "sample with rollout.temperature=1.0, top_k=-1, top_p=1.0, or set rollout_correction.rollout_is=null",
+                f"top_k / top_p truncate the sampled distribution (top_k={rollout.top_k}, top_p={rollout.top_p}) "
+                f"at temperature {rollout.temperature}: the actor cannot recompute it, so the weight would measure "
+                "the truncation",
+                "sample with rollout.top_k=-1 and top_p=1.0 (any temperature), or at temperature 1.0, "
+                "or set rollout_correction.rollout_is=null",
             )
         )
     if run.trainer.pipeline == "sync":

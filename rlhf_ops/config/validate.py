@@ -12,6 +12,7 @@ from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
+from rlhf_ops.sampling import rollout_logprobs_comparable
 
 # URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
 # free of the storage stack, a test keeps the two equal).
@@ -394,14 +395,17 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "set clip_cov_lb < clip_cov_ub (the paper uses 1 and 5)",
             )
         )
-    if algo.tis_imp_ratio_cap is not None and (rollout.temperature != 1.0 or rollout.top_k != -1 or rollout.top_p < 1):
+    if algo.tis_imp_ratio_cap is not None and not rollout_logprobs_comparable(
+        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k
+    ):
         problems.append(
             ConfigProblem(
                 "algorithm.tis_imp_ratio_cap",
-                f"the rollout's log-probs are of the raw distribution, the actor's of temperature "
-                f"{rollout.temperature} (top_k={rollout.top_k}, top_p={rollout.top_p}): the weight would measure "
-                "the sampling transform, not the engine mismatch",
-                "sample with rollout.temperature=1.0, top_k=-1, top_p=1.0, or unset algorithm.tis_imp_ratio_cap",
+                f"top_k / top_p truncate the sampled distribution (top_k={rollout.top_k}, top_p={rollout.top_p}) "
+                f"at temperature {rollout.temperature}: the actor cannot recompute it, so the weight would measure "
+                "the truncation, not the engine mismatch",
+                "sample with rollout.top_k=-1 and top_p=1.0 (any temperature), or at temperature 1.0, "
+                "or unset algorithm.tis_imp_ratio_cap",
             )
         )
     single_pass = algo.ppo_epochs == 1 and run.actor.ppo_mini_batch_size == run.data.train_batch_size

@@ -53,8 +53,11 @@ def test_clip_cov_bounds_must_leave_a_range() -> None:
 
 
 def test_tis_needs_untransformed_sampling() -> None:
-    problems = _problems(["algorithm.tis_imp_ratio_cap=2", "rollout.temperature=0.7"])
-    assert "rollout.temperature=1.0" in problems["algorithm.tis_imp_ratio_cap"]
+    problems = _problems(["algorithm.tis_imp_ratio_cap=2", "rollout.temperature=0.7", "rollout.top_k=20"])
+    assert "top_k=-1" in problems["algorithm.tis_imp_ratio_cap"]
+    assert load_config(
+        "tiny-cpu", ["algorithm.tis_imp_ratio_cap=2", "rollout.temperature=0.7"]
+    ).algorithm.tis_imp_ratio_cap
     assert load_config("tiny-cpu", ["algorithm.tis_imp_ratio_cap=2"]).algorithm.tis_imp_ratio_cap == 2.0
 
 

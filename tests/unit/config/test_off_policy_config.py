@@ -57,8 +57,13 @@ def test_one_step_off_refuses_a_second_rollout_inside_the_step(overrides: list[s
 def test_rollout_correction_rules() -> None:
     both = _problems(["algorithm.rollout_correction.rollout_is=token", "algorithm.tis_imp_ratio_cap=2"])
     assert "keep one" in both["algorithm.rollout_correction.rollout_is"]
-    tempered = _problems(["algorithm.rollout_correction.rollout_is=sequence", "rollout.temperature=0.7"])
-    assert "rollout.temperature=1.0" in tempered["algorithm.rollout_correction.rollout_is"]
+    # At temperature 0.7 without top-p / top-k the engines report log-probs at 0.7 (processed): allowed.
+    allowed = load_config("tiny-cpu", ["algorithm.rollout_correction.rollout_is=sequence", "rollout.temperature=0.7"])
+    assert allowed.algorithm.rollout_correction.rollout_is == "sequence"
+    truncated = _problems(
+        ["algorithm.rollout_correction.rollout_is=sequence", "rollout.temperature=0.7", "rollout.top_p=0.9"]
+    )
+    assert "top_p=1.0" in truncated["algorithm.rollout_correction.rollout_is"]
     bad = _problems(["algorithm.rollout_correction.rollout_is=geometric"])
     assert "algorithm.rollout_correction.rollout_is" in bad
     assert "algorithm.rollout_correction.rollout_is_threshold" in _problems(
