@@ -72,7 +72,8 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service
 
 
 def _jobs(hook: RayJobHook, base: str) -> list[str]:
-    return sorted(s for s in hook.list_submission_ids() if s.startswith(base))
+    ids = (j.submission_id for j in hook.get_conn().list_jobs())
+    return sorted(s for s in ids if s and s.startswith(base))
 
 
 def _wait_log(hook: RayJobHook, submission_id: str, text: str, timeout_s: float = 180) -> None:
