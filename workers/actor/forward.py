@@ -7,7 +7,8 @@ The logit at column t predicts the token at column t + 1, so responses (columns 
 predicted by columns T - R - 1 .. T - 2, i.e. ``logits[:, -R - 1 : -1]``. Only those positions go
 through the LM head (``logits_to_keep``), which skips the prompt's share of the (b, T, V) logits. The
 logits are cast to fp32 chunk by chunk before the temperature division and the log-softmax
-(``rlhf_ops.algorithms.logprobs_and_entropy``).
+(``rlhf_ops.algorithms.logprobs_and_entropy``). Without remove padding, the columns that are padding in every row
+of the micro-batch are cut first (``workers.utils.trim_padding``).
 
 Ulysses sequence parallelism (``sp_group`` of size sp > 1, remove-padding path only): each rank of the
 group forwards its slice of the packed row (``workers.sp.shard_packed``), computes the log-probs of the kept
@@ -25,6 +26,7 @@ from rlhf_ops.algorithms import logprobs_and_entropy
 from workers.sp.ulysses import sp_world_size
 from workers.utils.forward_runner import forward_packed
 from workers.utils.remove_padding import pack_sequences, scatter_response
+from workers.utils.trim_padding import trim_padding_columns
 
 __all__ = ["response_log_probs", "supports_logits_to_keep"]
 
@@ -115,16 +117,18 @@ def response_log_probs(
             "vision-language policy"
         )
     if not (use_remove_padding or sp):  # Ulysses always shards the packed row (use_remove_padding implied)
+        trim = trim_padding_columns(input_ids, attention_mask, position_ids, response_length=response_length)
         logits, labels = _padded_logits(
             module,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            response_length=response_length,
+            input_ids=trim.input_ids,
+            attention_mask=trim.attention_mask,
+            position_ids=trim.position_ids,
+            response_length=trim.response_length,
             keep_logits=keep_logits,
             pixel_values=pixel_values,
         )
-        return _token_log_probs(logits, labels, temperature=temperature, **stats)
+        log_probs, entropy = _token_log_probs(logits, labels, temperature=temperature, **stats)
+        return trim.restore(log_probs), None if entropy is None else trim.restore(entropy)
     packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
     media = None if pixel_values is None else {"pixel_values": pixel_values.flatten(0, 1)}
     fwd = forward_packed(module, packed, sp_group=sp_group, keep_logits=keep_logits, media=media)

@@ -28,6 +28,7 @@ from workers.utils.dist import MetricAccumulator
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches, forward_packed
 from workers.utils.micro_batch import split_mini_batches
 from workers.utils.remove_padding import pack_sequences, scatter_response
+from workers.utils.trim_padding import trim_padding_columns
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -105,10 +106,14 @@ class DataParallelPPOCritic:
             fwd = forward_packed(self.module, packed, sp_group=self.sp_group)  # logits (k, 1) at kept positions
             values = fwd.collect(fwd.outputs[:, 0].float())  # (K,)
             return scatter_response(values, packed, batch_size=input_ids.shape[0], response_length=response_length)
+        trim = trim_padding_columns(input_ids, attention_mask, position_ids, response_length=response_length)
         out = self.module(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=trim.input_ids,
+            attention_mask=trim.attention_mask,
+            position_ids=trim.position_ids,
+            use_cache=False,
         )
-        return out.logits[:, -response_length - 1 : -1, 0].float()  # (b, R)
+        return trim.restore(out.logits[:, -trim.response_length - 1 : -1, 0].float())  # (b, R)
 
     def compute_values(self, data: DataProto, *, forward: ForwardPlan | None = None) -> Tensor:
         """Values (B, R), zero outside ``response_mask`` (as verl), in input order, on the input's device.
