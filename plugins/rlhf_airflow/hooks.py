@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 # Ray job states, as strings (ray.job_submission.JobStatus is a str Enum with these values).
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 RESUME_ENV_VAR = "RLHF_RESUME_MODE"
 RETRY_INDEX_ENV_VAR = "RLHF_RETRY_INDEX"
 _MAX_RETRY_SUFFIX = 1000

@@ -23,11 +23,8 @@ Tasks:
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rlhf_ops.data.gsm8k_synth import GSM8K_SYNTH_SOURCE, Split, make_gsm8k_synth
@@ -106,28 +103,3 @@ def make_toy_dataset(name: str, *, num_rows: int, seed: int, chat: bool = True) 
         if images is not None:
             rows[-1]["images"] = images
     return rows
-
-
-def write_toy_dataset(
-    name: str, out_path: str | os.PathLike[str], *, num_rows: int, seed: int, chat: bool = True
-) -> Path:
-    """Writes :func:`make_toy_dataset` rows to ``out_path`` (``.jsonl`` or ``.parquet``, by suffix).
-
-    Returns:
-        The path written (parents are created).
-
-    Raises:
-        ValueError: on another suffix, or as :func:`make_toy_dataset`.
-    """
-    path = Path(out_path)
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise ValueError(f"out_path={str(path)!r} must end in .jsonl or .parquet; rename it.")
-    rows = make_toy_dataset(name, num_rows=num_rows, seed=seed, chat=chat)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    else:
-        import pandas as pd  # heavy import only when Parquet is asked for
-
-        pd.DataFrame(rows).to_parquet(path, index=False)
-    return path

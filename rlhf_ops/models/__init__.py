@@ -1,4 +1,4 @@
-"""Model builders: the tiny Llama-style policy / reward model used by tests, demos and the learning test.
+"""Model builders: the tiny Llama-style policy (``builtin:tiny-llama``) of tests, demos and the learning test.
 
 The names are loaded on first use (PEP 562): config validation imports ``rlhf_ops.models.modality``, and
 the Airflow side must not import torch through this package.
@@ -6,7 +6,7 @@ the Airflow side must not import torch through this package.
 
 from typing import Any
 
-__all__ = ["TINY_MODEL_DEFAULTS", "build_tiny_model_dir", "build_tiny_reward_model_dir", "build_tiny_tokenizer"]
+__all__ = ["TINY_MODEL_DEFAULTS", "build_tiny_model_dir", "build_tiny_tokenizer"]
 
 
 def __getattr__(name: str) -> Any:

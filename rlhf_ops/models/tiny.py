@@ -10,7 +10,7 @@ Loading:
     critic (value head per token): ``AutoModelForTokenClassification.from_pretrained(d, num_labels=1,
     classifier_dropout=0.0)``; the ``score`` head is freshly initialised (a "newly initialized" warning
     is expected). ``classifier_dropout=0.0`` matters: the generic head defaults to dropout 0.1.
-    reward model: :func:`build_tiny_reward_model_dir` saves a ``LlamaForSequenceClassification``.
+    reward model (tests only): ``tests.support.builders.build_tiny_reward_model_dir``.
 
 The tokenizer is char-level (one token per character of a fixed alphabet) over a ``WordLevel`` model,
 so the vocabulary is small (84 ids) and a random policy puts ~12% of its mass on digits, which the toy
@@ -35,8 +35,6 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    PreTrainedModel,
     PreTrainedTokenizerFast,
 )
 
@@ -173,35 +171,7 @@ def build_tiny_model_dir(
         "intermediate_size": intermediate_size,
         "max_position_embeddings": max_position_embeddings,
     }
-    return _build_dir(Path(out_dir), _spec("causal_lm", seed, sizes), LlamaForCausalLM)
-
-
-def build_tiny_reward_model_dir(
-    out_dir: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    hidden_size: int = TINY_MODEL_DEFAULTS["hidden_size"],
-    num_layers: int = TINY_MODEL_DEFAULTS["num_layers"],
-    num_heads: int = TINY_MODEL_DEFAULTS["num_heads"],
-    num_kv_heads: int = TINY_MODEL_DEFAULTS["num_kv_heads"],
-    intermediate_size: int = TINY_MODEL_DEFAULTS["intermediate_size"],
-    max_position_embeddings: int = TINY_MODEL_DEFAULTS["max_position_embeddings"],
-) -> Path:
-    """Writes a randomly initialised tiny ``LlamaForSequenceClassification`` (``num_labels=1``) to ``out_dir``.
-
-    Load with ``AutoModelForSequenceClassification.from_pretrained(d)``: its logits (B, 1) are the score
-    of the last non-pad token of each row (``pad_token_id`` is set, so left and right padding both work).
-    Same arguments, idempotence and errors as :func:`build_tiny_model_dir`.
-    """
-    sizes = {
-        "hidden_size": hidden_size,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "intermediate_size": intermediate_size,
-        "max_position_embeddings": max_position_embeddings,
-    }
-    return _build_dir(Path(out_dir), _spec("reward_model", seed, sizes), LlamaForSequenceClassification)
+    return _build_dir(Path(out_dir), _spec("causal_lm", seed, sizes))
 
 
 def _spec(kind: str, seed: int, sizes: Mapping[str, int]) -> dict[str, Any]:
@@ -241,17 +211,15 @@ def _portable_tokenizer_class(model_dir: Path) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
-def _build_dir(out_dir: Path, spec: dict[str, Any], model_cls: type[PreTrainedModel]) -> Path:
+def _build_dir(out_dir: Path, spec: dict[str, Any]) -> Path:
     if _check_reusable(out_dir, spec):
         return out_dir
     tokenizer = build_tiny_tokenizer()
     sizes = {k: spec[k] for k in TINY_MODEL_DEFAULTS}
     config = make_tiny_config(tokenizer, **sizes)
-    if model_cls is LlamaForSequenceClassification:
-        config.num_labels = 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
-        model = model_cls(config)
+        model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

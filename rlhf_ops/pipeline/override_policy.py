@@ -44,7 +44,6 @@ DEFAULT_ALLOWED_OVERRIDES: tuple[str, ...] = (
     "trainer.test_freq",
     "trainer.val_before_train",
     "trainer.seed",
-    "trainer.log_every",
     "trainer.balance_batch",
     "trainer.save_hf_model",
 )

@@ -2,7 +2,7 @@
 
 Light modules (no MLflow import) are re-exported here; MLflow-backed pieces live in
 ``rlhf_ops.tracking.mlflow_tracking`` (``MlflowLogger``, ``start_pipeline_run``…) and
-``rlhf_ops.tracking.registry`` (``register_if_better``), imported explicitly where needed.
+``rlhf_ops.tracking.registry`` (``register_candidate``, ``move_alias``), imported explicitly where needed.
 """
 
 from __future__ import annotations

@@ -133,12 +133,6 @@ class MetricBuffer:
         with self._cond:
             return len(self._pending) + len(self._inflight)
 
-    @property
-    def in_outage(self) -> bool:
-        """Whether the last send failed and none has succeeded since."""
-        with self._cond:
-            return self._outage_since is not None
-
     def add(self, values: Sequence[Any], *, step: int) -> None:
         """Queue one step's values; wait for them to be sent unless the server is away.
 

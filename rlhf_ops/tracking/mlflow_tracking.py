@@ -40,7 +40,6 @@ from rlhf_ops.tracking.params import (
     redact_value,
     sanitize_keys,
 )
-from rlhf_ops.tracking.registry import register_if_better
 
 __all__ = [
     "ENV_RUN_ID",
@@ -48,7 +47,6 @@ __all__ = [
     "end_pipeline_run",
     "pipeline_tags",
     "platform_git_commit",
-    "register_if_better",
     "run_name_for",
     "set_run_tags",
     "start_pipeline_run",
@@ -326,7 +324,8 @@ class MlflowLogger:
         """Upload a Hugging Face model folder (config, safetensors, tokenizer) as plain artifacts.
 
         Returns:
-            ``runs:/<run_id>/<artifact_path>``, the source for ``register_if_better``; ``None`` on rank != 0.
+            ``runs:/<run_id>/<artifact_path>``, the source of a registered version
+            (``registry.register_candidate``); ``None`` on rank != 0.
         """
         hf_path = Path(hf_dir)
         if not hf_path.is_dir():

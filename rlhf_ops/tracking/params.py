@@ -17,11 +17,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-# mlflow.utils.validation (3.17.2): MAX_PARAMS_TAGS_PER_BATCH, MAX_METRICS_PER_BATCH,
-# MAX_ENTITIES_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, MAX_ENTITY_KEY_LENGTH.
+# mlflow.utils.validation (3.17.2): MAX_PARAMS_TAGS_PER_BATCH, MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
+# MAX_TAG_VAL_LENGTH, MAX_ENTITY_KEY_LENGTH. Each log_batch call sends one kind only (metrics, params or tags), so
+# MLflow's MAX_ENTITIES_PER_BATCH (1000, all kinds together) never binds.
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
-MAX_ENTITIES_PER_BATCH = 1000
 MAX_PARAM_VALUE_LENGTH = 6000
 MAX_TAG_VALUE_LENGTH = 8000
 MAX_KEY_LENGTH = 250

@@ -1,9 +1,9 @@
-"""Model registry: register every final model, move the champion alias only when it is better.
+"""Model registry: register every final model as a version; move the champion alias when told to.
 
-Policy: each pipeline run's final model becomes a new version of the registered model (the audit
-trail keeps every candidate with its eval metric), and the alias (``champion``) moves to it only if
-its metric strictly beats the current champion's. The metric lives in version tags
-(``rlhf.eval_metric_name`` / ``rlhf.eval_metric_value``), so the comparison needs no run lookup.
+Policy: each pipeline run's chosen model becomes a new version of the registered model (the audit trail
+keeps every candidate with its eval metric in version tags, ``rlhf.eval_metric_name`` /
+``rlhf.eval_metric_value``). Whether the alias (``champion``) moves is decided by
+``rlhf_ops.pipeline.champion`` (a paired test over prompts), which then calls :func:`move_alias`.
 
 Models are registered from a plain artifact folder (``runs:/<run_id>/model``, written by
 ``MlflowLogger.log_model_dir``), not through the ``mlflow.transformers`` flavour: the flavour would
@@ -17,16 +17,12 @@ model at the same moment could both win. Run ``register_model`` with an Airflow 
 
 from __future__ import annotations
 
-import logging
-import math
 from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-
-_log = logging.getLogger(__name__)
 
 TAG_METRIC_NAME = "rlhf.eval_metric_name"
 TAG_METRIC_VALUE = "rlhf.eval_metric_value"
@@ -55,28 +51,6 @@ def _champion(client: MlflowClient, name: str, alias: str) -> ModelVersion | Non
     return client.get_model_version_by_alias(name, alias)
 
 
-def _beats(value: float, champion: ModelVersion | None, metric_name: str, higher_is_better: bool) -> bool:
-    """Whether ``value`` strictly beats the champion; a champion without a comparable metric is beaten."""
-    if champion is None:
-        return True
-    if champion.tags.get(TAG_METRIC_NAME) != metric_name:
-        _log.warning(
-            "champion v%s has no %r tag to compare with (it has %r); promoting the new version",
-            champion.version,
-            metric_name,
-            champion.tags.get(TAG_METRIC_NAME),
-        )
-        return True
-    try:
-        best = float(champion.tags[TAG_METRIC_VALUE])
-    except (KeyError, ValueError):
-        _log.warning("champion v%s has an unreadable %s tag; promoting the new version", champion.version, metric_name)
-        return True
-    if math.isnan(best):
-        return True
-    return value > best if higher_is_better else value < best
-
-
 def _register_version(
     client: MlflowClient, name: str, run_id: str, model_uri: str, metric_name: str, value: float
 ) -> ModelVersion:
@@ -89,58 +63,6 @@ def _register_version(
     for key, tag_value in tags.items():
         client.set_model_version_tag(name, version.version, key, tag_value)
     return version
-
-
-def register_if_better(
-    *,
-    run_id: str,
-    model_uri: str,
-    registered_name: str,
-    metric_name: str,
-    metric_value: float,
-    higher_is_better: bool = True,
-    alias: str = "champion",
-    tracking_uri: str | None = None,
-) -> tuple[str | None, bool]:
-    """Register ``model_uri`` as a new version and move ``alias`` to it if its metric beats the champion's.
-
-    Idempotent: a retry for the same ``run_id`` and ``model_uri`` reuses the version registered
-    before instead of adding another. Ties keep the current champion.
-
-    Args:
-        run_id: The pipeline run that produced the model.
-        model_uri: Model folder, usually ``runs:/<run_id>/model`` (``MlflowLogger.log_model_dir``).
-        registered_name: Registered model name (created when missing).
-        metric_name: Eval metric compared across versions, e.g. ``"val/reward/mean"``.
-        metric_value: This model's value of ``metric_name``.
-        higher_is_better: Direction of the comparison.
-        alias: Alias that marks the best version.
-        tracking_uri: MLflow server URI (registry on the same server); ``None`` uses ``$MLFLOW_TRACKING_URI``.
-
-    Returns:
-        ``(version, promoted)``; ``(None, False)`` when ``metric_value`` is NaN or infinite (nothing is
-        registered: such a model is broken, not a candidate).
-    """
-    if "'" in registered_name or "'" in run_id:
-        raise ValueError(f"register_if_better: registered_name {registered_name!r} and run_id must not contain quotes")
-    value = float(metric_value)
-    if not math.isfinite(value):
-        _log.warning("register_if_better: %s=%s is not finite; not registering %s", metric_name, value, model_uri)
-        return None, False
-    client = MlflowClient(tracking_uri=tracking_uri)
-    version = _register_version(client, registered_name, run_id, model_uri, metric_name, value)
-    champion = _champion(client, registered_name, alias)
-    if champion is not None and champion.version == version.version:
-        return str(version.version), True
-    if not _beats(value, champion, metric_name, higher_is_better):
-        assert champion is not None
-        _log.info("v%s (%s=%s) does not beat champion v%s", version.version, metric_name, value, champion.version)
-        return str(version.version), False
-    client.set_registered_model_alias(registered_name, alias, version.version)
-    client.set_model_version_tag(registered_name, version.version, TAG_PROMOTED, "true")
-    if champion is not None:
-        client.set_model_version_tag(registered_name, version.version, TAG_PREVIOUS_CHAMPION, str(champion.version))
-    return str(version.version), True
 
 
 def register_candidate(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +37,6 @@ from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
-
-# Called after each committed checkpoint with (step, local checkpoint dir): remote sync, events.
-CheckpointCallback = Callable[[int, str], None]
 
 
 @dataclass

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_ops.config.shape_run import shape_run_config
 from tests.support.real_model import smollm2_path
+from tests.support.shape_run import shape_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

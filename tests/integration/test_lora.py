@@ -30,8 +30,10 @@ from workers.actor.forward import response_log_probs
 from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
 from workers.clients import ActorRolloutRefClient
 from workers.fsdp import build_device_mesh, build_optimizer, load_hf_model
-from workers.fsdp.lora import adapters_disabled, apply_lora, merged_state_dict_items
+from workers.fsdp.lora import adapters_disabled, apply_lora
 from workers.fsdp.wrap import build_fsdp_model
+from workers.rollout.hf_rollout import HFRollout
+from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker_group import RayWorkerGroup
 
@@ -124,9 +126,11 @@ def test_activation_checkpointing_with_adapters_trains_the_same(gloo: None, tiny
 def test_merged_weights_equal_base_plus_scaled_b_a(gloo: None, tiny_model_dir: str) -> None:
     model = _lora_model(tiny_model_dir)
     _randomise_lora_b(model, seed=1)
-    merged = dict(merged_state_dict_items(model))
+    # What the rollout sync sends (the engine is not called: iter_full_weights only gathers and merges).
+    manager = FSDPShardingManager(model, HFRollout(model, pad_token_id=0, eos_token_id=2), bucket_bytes=1 << 20)
+    merged = dict(manager.iter_full_weights())
     plain = load_hf_model(tiny_model_dir, kind="causal_lm")
-    assert set(merged) == {n for n, _ in plain.named_parameters()}  # plain HF names, no adapters
+    assert set(merged) == {n for n, _ in plain.named_parameters(remove_duplicate=False)}  # HF names, no adapters
     params = dict(model.named_parameters())
     prefix = "base_model.model.model.layers.1.mlp.down_proj"
     keys = ("base_layer.weight", "lora_A.default.weight", "lora_B.default.weight")

@@ -13,7 +13,8 @@ from mlflow import MlflowClient
 
 from rlhf_ops.pipeline.register import download_champion
 from rlhf_ops.pipeline.tracking import end_tracking, start_tracking
-from rlhf_ops.tracking.mlflow_tracking import MlflowLogger, register_if_better
+from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
+from rlhf_ops.tracking.registry import move_alias, register_candidate
 from tests.support.mlflow_server import mlflow_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -88,7 +89,7 @@ def test_warm_start_downloads_the_champion_once(tracking_uri: str, tmp_path: Pat
     (hf / "model.safetensors").write_bytes(b"\0" * 16)
     model_uri = MlflowLogger(run_id, tracking_uri=tracking_uri, log_system_metrics=False).log_model_dir(hf)
     assert model_uri is not None
-    version, promoted = register_if_better(
+    version, champion = register_candidate(
         run_id=run_id,
         model_uri=model_uri,
         registered_name="pipeline-it-model",
@@ -96,7 +97,8 @@ def test_warm_start_downloads_the_champion_once(tracking_uri: str, tmp_path: Pat
         metric_value=0.5,
         tracking_uri=tracking_uri,
     )
-    assert (version, promoted) == ("1", True)
+    assert (version.version, champion) == ("1", None)
+    move_alias(registered_name="pipeline-it-model", version="1", previous=None, tracking_uri=tracking_uri)
     folder = download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri)
     assert folder is not None and Path(folder, "config.json").read_text() == '{"model_type": "llama"}'
     assert Path(folder).is_relative_to(models / "pipeline-it-model" / "v1")

@@ -26,7 +26,7 @@ from rlhf_ops.tracking.mlflow_tracking import (
     start_pipeline_run,
 )
 from rlhf_ops.tracking.params import OVERFLOW_ARTIFACT, REDACTED
-from rlhf_ops.tracking.registry import TAG_PREVIOUS_CHAMPION, download_model, register_if_better
+from rlhf_ops.tracking.registry import TAG_PREVIOUS_CHAMPION, download_model, move_alias, register_candidate
 from tests.support.mlflow_server import mlflow_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -176,13 +176,14 @@ def _model_run(tracking_uri: str, tmp_path: Path, name: str) -> tuple[str, str]:
     return run_id, model_uri
 
 
-def test_register_every_model_but_move_champion_only_when_better(
+def test_every_model_is_registered_once_and_the_alias_moves_when_told(
     tracking_uri: str, client: MlflowClient, tmp_path: Path
 ) -> None:
+    # The registry calls of the pipeline's promotion (rlhf_ops.pipeline.champion decides; these record).
     name = "tiny-policy"
 
-    def register(run_id: str, model_uri: str, value: float) -> tuple[str | None, bool]:
-        return register_if_better(
+    def register(run_id: str, model_uri: str, value: float) -> tuple[str, str | None]:
+        version, champion = register_candidate(
             run_id=run_id,
             model_uri=model_uri,
             registered_name=name,
@@ -190,18 +191,22 @@ def test_register_every_model_but_move_champion_only_when_better(
             metric_value=value,
             tracking_uri=tracking_uri,
         )
+        return str(version.version), None if champion is None else str(champion.version)
 
     first, worse, better = (_model_run(tracking_uri, tmp_path, n) for n in ("first", "worse", "better"))
-    assert register(*first, 0.5) == ("1", True)  # no champion yet
-    assert register(*worse, 0.4) == ("2", False)  # 0.4 < 0.5: registered, alias stays on v1
-    assert register(*worse, 0.4) == ("2", False)  # a retried task reuses v2
+    assert register(*first, 0.5) == ("1", None)  # no champion yet
+    move_alias(registered_name=name, version="1", previous=None, tracking_uri=tracking_uri)
+    assert register(*worse, 0.4) == ("2", "1")  # registered; the alias stays on v1 unless moved
+    assert register(*worse, 0.4) == ("2", "1")  # a retried task reuses v2
     assert client.get_model_version_by_alias(name, "champion").version == "1"
-    assert register(*first, 0.5) == ("1", True)  # retry of the champion's own registration
-    assert register(*better, 0.7) == ("3", True)  # 0.7 > 0.5: alias moves
+    assert register(*first, 0.5) == ("1", "1")  # retry of the champion's own registration
+    assert register(*better, 0.7) == ("3", "1")
+    move_alias(registered_name=name, version="3", previous="1", tracking_uri=tracking_uri)
 
     champion = client.get_model_version_by_alias(name, "champion")
     assert champion.version == "3" and champion.source == better[1]
     assert champion.tags["rlhf.eval_metric_value"] == "0.7" and champion.tags[TAG_PREVIOUS_CHAMPION] == "1"
+    assert champion.tags["rlhf.promoted"] == "true"
     assert client.get_model_version(name, "2").tags["rlhf.promoted"] == "false"
     assert len(client.search_model_versions(f"name = '{name}'")) == 3
 
@@ -214,16 +219,16 @@ def test_models_uri_download_with_env_tracking_uri(
     tracking_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_id, model_uri = _model_run(tracking_uri, tmp_path, "env")
-    version, promoted = register_if_better(
+    version, champion = register_candidate(
         run_id=run_id,
         model_uri=model_uri,
         registered_name="env-policy",
         metric_name="val/loss",
         metric_value=1.5,
-        higher_is_better=False,
         tracking_uri=tracking_uri,
     )
-    assert (version, promoted) == ("1", True)
+    assert (version.version, champion) == ("1", None)
+    move_alias(registered_name="env-policy", version="1", previous=None, tracking_uri=tracking_uri)
     import mlflow.artifacts
 
     # models:/ resolution reads the global registry URI (it ignores registry_uri=), so consumers set the env var.

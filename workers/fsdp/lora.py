@@ -1,4 +1,4 @@
-"""LoRA through PEFT for the FSDP2 actor: wrap, disable for the reference policy, merge for weight sync.
+"""LoRA through PEFT for the FSDP2 actor: wrap before FSDP2, disable the adapters for the reference policy.
 
 Flow (``model.lora.rank > 0``)::
 
@@ -8,8 +8,7 @@ Flow (``model.lora.rank > 0``)::
     optimizer = build_optimizer(model, ...)   # sees only requires_grad params: the adapters
     with adapters_disabled(model):            # the reference policy: the same weights, base only
         ref_log_probs = ...
-    for name, full in merged_state_dict_items(model):  # W + scale * B @ A under plain HF names
-        engine_load(name, full)
+    FSDPShardingManager(model, engine, bucket_bytes=...)  # rollout sync: sends W + scale * B @ A, HF names
 
 FSDP2 and frozen parameters: a decoder block holds frozen base weights and trainable adapters in one
 ``fully_shard`` group. FSDP2 supports this (it all-gathers every parameter and reduce-scatters only the
@@ -19,31 +18,23 @@ frozen under ``"all-linear"`` and takes part in forward only.
 
 Names: PEFT prefixes every name with ``base_model.model.`` and moves an adapted layer's weight to
 ``<layer>.base_layer.weight``; its factors are ``<layer>.lora_A.<adapter>.weight`` (r, in) and
-``<layer>.lora_B.<adapter>.weight`` (out, r). ``merged_state_dict_items`` maps back to the HF names.
+``<layer>.lora_B.<adapter>.weight`` (out, r). The weight sync (``workers.rollout.sharding_manager``) and the
+offline export (``rlhf_ops.checkpoint.export``) merge the factors and map back to the HF names.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
-from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
+from torch import nn
 from transformers import PreTrainedModel
 
 from rlhf_ops.config.schema import LoraConfig
 
-__all__ = ["adapters_disabled", "apply_lora", "merged_state_dict_items"]
-
-PEFT_PREFIX = "base_model.model."
-_LORA_FACTOR = re.compile(r"\.lora_(A|B)\.[^.]+\.weight$")
-_OTHER_ADAPTER = re.compile(r"\.(lora_embedding_A|lora_embedding_B|lora_magnitude_vector)\.")
-_MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+\.")
+__all__ = ["adapters_disabled", "apply_lora"]
 
 
 def apply_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
@@ -106,86 +97,3 @@ def adapters_disabled(module: nn.Module) -> Iterator[None]:
         )
     with module.disable_adapter():
         yield
-
-
-def _full(param: Tensor) -> Tensor:
-    """The unsharded tensor of ``param`` (all-gathered if it is a DTensor: a collective), detached."""
-    tensor = param.detach()
-    if not isinstance(tensor, DTensor):
-        return tensor
-    shard: DTensor = tensor
-    mesh_device = shard.device_mesh.device_type
-    if shard.device.type != mesh_device:  # CPUOffloadPolicy: host shards, accelerator mesh
-        shard = shard.to(mesh_device)  # type: ignore[assignment]
-    return shard.full_tensor()
-
-
-def _hf_name(name: str) -> str:
-    """``base_model.model.model.layers.0.q_proj.base_layer.weight`` -> ``model.layers.0.q_proj.weight``."""
-    name = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
-    return _MODULES_TO_SAVE.sub(".", name)
-
-
-def _weight(linear: nn.Module) -> Tensor:
-    weight = linear.weight
-    assert isinstance(weight, Tensor)
-    return weight
-
-
-def _merge(layer: LoraLayer, weight: Tensor) -> Tensor:
-    """``W + sum_a scaling_a * B_a @ A_a`` over the layer's active adapters, in fp32, cast back to W's dtype."""
-    if layer.merged or layer.disable_adapters:  # in-place merged already, or base-only forward
-        return weight
-    merged = weight.float()
-    for adapter in layer.active_adapters:
-        if adapter not in layer.lora_A:
-            continue
-        a = _full(_weight(layer.lora_A[adapter])).float()  # (r, in)
-        b = _full(_weight(layer.lora_B[adapter])).float()  # (out, r)
-        delta = (b @ a) * layer.scaling[adapter]  # (out, in)
-        fan_in_fan_out = bool(getattr(layer, "fan_in_fan_out", False))  # Conv1D (GPT-2) stores (in, out)
-        merged = merged + (delta.T if fan_in_fan_out else delta)
-    return merged.to(weight.dtype)
-
-
-def merged_state_dict_items(
-    module: nn.Module, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
-) -> Iterator[tuple[str, Tensor]]:
-    """``(hf_name, full tensor)`` for every parameter of the model, LoRA merged into the base weights.
-
-    For the rollout weight sync (vLLM loads plain HF names). A collective when the model is FSDP2-sharded:
-    every rank must iterate the whole iterator, in the same order (``named_parameters`` order, identical
-    on every rank). One full tensor (plus, for an adapted layer, its two small factors) is gathered per
-    item, so the caller bounds peak memory by how many items it keeps (bucket by bytes, load, drop).
-    The adapters themselves are not yielded; PEFT's ``modules_to_save`` copies replace their originals.
-    A model without PEFT yields its parameters unchanged (gathered). Buffers are not yielded.
-
-    Args:
-        module: The actor (PEFT or plain HF; FSDP2-wrapped or not).
-        device: Move each full tensor there (default: where it was gathered).
-        dtype: Cast each full tensor (default: the parameter's dtype; the merge itself runs in fp32).
-
-    Yields:
-        ``(name, tensor)``, e.g. ``("model.layers.0.self_attn.q_proj.weight", W + alpha / r * B @ A)``.
-
-    Raises:
-        ValueError: An adapter type other than LoRA on linear layers (embedding LoRA, DoRA).
-    """
-    layers = {name: m for name, m in module.named_modules() if isinstance(m, LoraLayer)}
-    for name, param in module.named_parameters():
-        if _OTHER_ADAPTER.search(name):
-            raise ValueError(
-                f"cannot merge PEFT parameter {name!r}: only LoRA on linear layers is supported (no embedding LoRA "
-                "or DoRA); restrict model.lora.target_modules to linear layers."
-            )
-        if _LORA_FACTOR.search(name) or ".original_module." in name:
-            continue  # factors are merged into their base weight; the trained modules_to_save copy is sent
-        tensor = _full(param)
-        layer = layers.get(name.removesuffix(".base_layer.weight")) if name.endswith(".base_layer.weight") else None
-        if layer is not None:
-            tensor = _merge(layer, tensor)
-        if dtype is not None:
-            tensor = tensor.to(dtype)
-        if device is not None:
-            tensor = tensor.to(device)
-        yield _hf_name(name), tensor

@@ -86,13 +86,6 @@ class DPLayout:
                 "Report is_collect_rank=True on one rank (e.g. sp_rank 0) of each data-parallel group."
             )
 
-    @classmethod
-    def sequence_parallel(cls, world_size: int, *, sp_size: int) -> DPLayout:
-        """Consecutive groups of ``sp_size`` ranks share a chunk (see :func:`sequence_parallel_rank_info`)."""
-        return cls(
-            tuple(sequence_parallel_rank_info(r, world_size=world_size, sp_size=sp_size) for r in range(world_size))
-        )
-
     @property
     def world_size(self) -> int:
         """Number of ranks (``W``)."""

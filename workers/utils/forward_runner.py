@@ -36,8 +36,6 @@ from workers.utils.remove_padding import PackedBatch
 __all__ = ["PackedForward", "check_parallel_groups", "forward_micro_batches", "forward_packed"]
 
 MicroForward = Callable[[DataProto], Sequence[Tensor | None]]
-# A packed row carries its sequence boundaries in position_ids (the attention restarts where they do).
-_NO_MASK = {"attention_mask": None, "use_cache": False}
 
 
 def check_parallel_groups(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlhf_ops.config import derive_batch_plan, load_config
-from rlhf_ops.config.shape_run import SHAPE_RUN_DATA, shape_run_config
 from rlhf_ops.rewards import load_reward_fn
+from tests.support.shape_run import SHAPE_RUN_DATA, shape_run_config
 
 PRESETS = ["qwen2.5-0.5b-grpo-gpu", "qwen2.5-7b-ppo-gpu"]
 

@@ -1,14 +1,10 @@
-"""Built-in toy datasets: row format, determinism, ground truths, tokenizer coverage, files."""
+"""Built-in toy datasets: row format, determinism, ground truths, tokenizer coverage."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import pandas as pd
 import pytest
 
-from rlhf_ops.data.toy_tasks import TOY_TASKS, make_toy_dataset, write_toy_dataset
+from rlhf_ops.data.toy_tasks import TOY_TASKS, make_toy_dataset
 from rlhf_ops.models.tiny import ALPHABET
 
 
@@ -43,25 +39,8 @@ def test_every_character_is_in_the_tiny_tokenizer_alphabet() -> None:
             assert set(row["prompt"]) <= set(ALPHABET) and set(row["ground_truth"]) <= set(ALPHABET)
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
-def test_write_round_trips(tmp_path: Path, suffix: str) -> None:
-    path = write_toy_dataset("copy_digit", tmp_path / "sub" / f"train{suffix}", num_rows=8, seed=2)
-    expected = make_toy_dataset("copy_digit", num_rows=8, seed=2)
-    if suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-    else:
-        frame = pd.read_parquet(path)
-        rows = [
-            {"prompt": [dict(m) for m in r.prompt], "ground_truth": r.ground_truth, "data_source": r.data_source}
-            for r in frame.itertuples()
-        ]
-    assert rows == expected
-
-
-def test_errors_name_the_field_and_the_fix(tmp_path: Path) -> None:
+def test_errors_name_the_field_and_the_fix() -> None:
     with pytest.raises(ValueError, match="name='nope'.*choose one of"):
         make_toy_dataset("nope", num_rows=1, seed=0)
     with pytest.raises(ValueError, match="num_rows=0 must be >= 1"):
         make_toy_dataset("copy_digit", num_rows=0, seed=0)
-    with pytest.raises(ValueError, match=r"must end in .jsonl or .parquet"):
-        write_toy_dataset("copy_digit", tmp_path / "x.csv", num_rows=1, seed=0)

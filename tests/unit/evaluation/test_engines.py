@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from rlhf_ops.data.toy_tasks import write_toy_dataset
 from rlhf_ops.evaluation.engines import ENGINE_GROUP, load_engine_factory
 from rlhf_ops.evaluation.evaluator import EvalData, EvalSettings, evaluate_model
+from tests.support.builders import write_toy_dataset
 from workers.rollout.hf_rollout import HFRollout
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_ops.data.toy_tasks import write_toy_dataset
 from rlhf_ops.evaluation.evaluator import EvalData, EvalSettings, _score, evaluate_model
+from tests.support.builders import write_toy_dataset
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from rlhf_ops.models import TINY_MODEL_DEFAULTS, build_tiny_model_dir, build_tiny_reward_model_dir
+from rlhf_ops.models import TINY_MODEL_DEFAULTS, build_tiny_model_dir
 from rlhf_ops.models.tiny import build_tiny_tokenizer, make_tiny_config
+from tests.support.builders import build_tiny_reward_model_dir
 
 hf_logging.set_verbosity_error()  # the critic test expects "newly initialized score" reports
 
@@ -125,4 +126,3 @@ def test_reward_model_scores_the_last_token_whatever_the_padding(tmp_path: Path)
         alone = rm(input_ids=left[:1, 2:]).logits
     assert scores.shape == (2, 1)
     torch.testing.assert_close(scores[:1], alone, rtol=0, atol=1e-5)
-    assert json.loads((model_dir / "tiny_build.json").read_text())["kind"] == "reward_model"

@@ -102,16 +102,23 @@ def test_split_args_errors_name_the_problem() -> None:
         split_args_for_dp((_batch(5),), {"other": _batch(4)}, dp_size=2)
 
 
+def _sp_layout(world_size: int, *, sp_size: int) -> DPLayout:
+    """What RayWorkerGroup.dp_layout builds: every rank reports sequence_parallel_rank_info (Worker.dp_info)."""
+    return DPLayout(
+        tuple(sequence_parallel_rank_info(r, world_size=world_size, sp_size=sp_size) for r in range(world_size))
+    )
+
+
 def test_sequence_parallel_ranks_share_a_chunk_and_one_is_collected() -> None:
     # world 4, sp 2: ranks (0, 1) form dp group 0, ranks (2, 3) dp group 1; sp_rank 0 is collected.
-    layout = DPLayout.sequence_parallel(4, sp_size=2)
+    layout = _sp_layout(4, sp_size=2)
     assert layout.dp_size == 2
     assert [layout.dp_rank_of(r) for r in range(4)] == [0, 0, 1, 1]
     assert layout.collect_ranks() == [0, 2]
     assert sequence_parallel_rank_info(3, world_size=4, sp_size=2) == DPRankInfo(
         dp_rank=1, dp_size=2, is_collect_rank=False
     )
-    plain = DPLayout.sequence_parallel(3, sp_size=1)  # plain data parallelism
+    plain = _sp_layout(3, sp_size=1)  # plain data parallelism
     assert [plain.dp_rank_of(r) for r in range(3)] == [0, 1, 2] and plain.collect_ranks() == [0, 1, 2]
 
 
@@ -136,7 +143,7 @@ def test_layout_rejects_inconsistent_rank_reports(infos: list[tuple[int, int, bo
 
 def test_collect_with_sequence_parallel_keeps_one_result_per_group() -> None:
     # world 4, sp 2, batch 5: dp chunks [0 1 2] -> ranks 0, 1 and [3 4 0] -> ranks 2, 3.
-    layout = DPLayout.sequence_parallel(4, sp_size=2)
+    layout = _sp_layout(4, sp_size=2)
     per_dp, pad_size = split_args_for_dp((_batch(5),), {}, dp_size=layout.dp_size)
     outputs = []
     for rank in range(4):
@@ -150,7 +157,7 @@ def test_collect_with_sequence_parallel_keeps_one_result_per_group() -> None:
 
 
 def test_collect_requires_dataproto_from_collect_ranks() -> None:
-    layout = DPLayout.sequence_parallel(2, sp_size=2)
+    layout = _sp_layout(2, sp_size=2)
     # rank 1 is not collected, so its non-DataProto output is ignored; rank 0's must be a DataProto
     ok = collect_dp_outputs([_batch(2), None], layout, pad_size=0, method="m")
     assert _rows(ok) == [0, 1]

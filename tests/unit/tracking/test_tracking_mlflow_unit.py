@@ -11,7 +11,6 @@ import pytest
 
 import rlhf_ops
 from rlhf_ops.tracking import mlflow_tracking as mt
-from rlhf_ops.tracking.registry import register_if_better
 
 UNREACHABLE = "http://127.0.0.1:9"  # discard port: any request would fail, so passing tests made none
 
@@ -84,16 +83,3 @@ def test_input_errors_name_the_field(tmp_path: Path) -> None:
         logger.log_model_dir(tmp_path / "missing")
     with pytest.raises(ValueError, match="status must be FINISHED, FAILED or KILLED"):
         mt.end_pipeline_run(tracking_uri=UNREACHABLE, run_id="r", status="DONE")
-
-
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_register_if_better_skips_non_finite_metrics(value: float) -> None:
-    out = register_if_better(
-        run_id="r",
-        model_uri="runs:/r/model",
-        registered_name="policy",
-        metric_name="val/acc",
-        metric_value=value,
-        tracking_uri=UNREACHABLE,
-    )
-    assert out == (None, False)

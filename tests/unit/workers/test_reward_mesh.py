@@ -112,7 +112,7 @@ def _worker(rank: int, port: int, specs: dict[str, RewardModelSpec], out_dir: st
 
 
 def test_the_reward_model_worker_builds_its_mesh_from_reward_fsdp(tmp_path: Path) -> None:
-    from rlhf_ops.models.tiny import build_tiny_reward_model_dir
+    from tests.support.builders import build_tiny_reward_model_dir
 
     model_dir = str(build_tiny_reward_model_dir(tmp_path / "tiny-rm"))
     specs = {

@@ -10,7 +10,7 @@ from workers.reward_model.reward_model_worker import score_at_last_attended_toke
 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
-    from rlhf_ops.models.tiny import build_tiny_reward_model_dir
+    from tests.support.builders import build_tiny_reward_model_dir
     from workers.fsdp import load_hf_model
 
     path = build_tiny_reward_model_dir(tmp_path_factory.mktemp("rm") / "tiny-rm")

@@ -1,5 +1,8 @@
 """The CPU "shape run" of a GPU preset: the same recipe, scaled to 2 CPU ranks and a small real model.
 
+Test support: run by ``tests/integration/test_gpu_presets_shape_run.py`` (slow), checked by
+``tests/unit/config/test_shape_run.py``.
+
 A GPU preset cannot run on a CPU machine as written (8-16 GPUs, flash-attention, TP 2, thousands of tokens),
 but most of what breaks a real run does not depend on scale: the reward function name, the data format, the
 estimator and its needs (critic, reference, KL in the reward or as a loss), HSDP, activation checkpointing,
