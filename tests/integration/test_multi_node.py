@@ -125,7 +125,7 @@ def test_two_ranks_on_two_raylets_train_and_resume_from_the_remote_store(
     run_a = tmp_path / "disk_a" / "multinode" / "two-raylets"
     assert (run_a / "latest").read_text().strip() == "global_step_2"
     manifest = json.loads((run_a / "global_step_2" / "MANIFEST.json").read_text())
-    shards = sorted(f for f in manifest["files"] if f.startswith("actor/__"))
+    shards = sorted(f["path"] for f in manifest["files"] if f["path"].startswith("actor/__"))
     assert shards == ["actor/__0_0.distcp", "actor/__1_0.distcp"], shards  # one writer per rank, both listed
     client = s3.client()
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/multinode/two-raylets/")["Contents"]}
