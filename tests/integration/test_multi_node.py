@@ -12,7 +12,8 @@ connects to the head and trains tiny-cpu for 2 steps with a checkpoint at step 2
   both ranks) and trains step 3 once.
 
 Not covered here: separate machines (both raylets share this machine's filesystem and loopback), so each rank still
-writes its DCP shards into the driver's run folder; NCCL across nodes. 52 s here (slow: near the default suite's budget).
+writes its DCP shards into the driver's run folder; NCCL across nodes. 52 s here (slow: near the default suite's
+budget).
 """
 
 from __future__ import annotations
