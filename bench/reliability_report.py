@@ -9,7 +9,8 @@ this script runs pytest with ``RLHF_RELIABILITY_OUT`` pointing at a folder, then
                                                                 #  100 faulty syncs, kill + resume of rlhf train,
                                                                 #  kills of one worker rank and of the Ray head,
                                                                 #  MLflow killed under rlhf train, the Airflow
-                                                                #  triggerer / worker killed under a real DAG run)
+                                                                #  triggerer / worker killed under a real DAG run,
+                                                                #  1, 2 and 4 pipeline runs at once)
     .venv/bin/python bench/reliability_report.py --from DIR     # print figures recorded earlier
 """
 
@@ -77,6 +78,22 @@ ROWS = [
     ("test_orchestrator_kill.", "orchestrator_kills", "SIGKILL of the process running train's operator / trigger"),
     ("test_orchestrator_kill.", "orchestrator_second_jobs", "second Ray jobs submitted after those kills"),
     ("test_orchestrator_kill.", "orchestrator_tasks_succeeded", "tasks that ended with the job's result"),
+]
+# The slow concurrent pipeline runs (tests/reliability/test_concurrent_runs.py): 1, 2 and 4 rlhf_ppo runs at once.
+ROWS += [
+    ("test_concurrent_runs.", "concurrent_1_wall_seconds", "concurrent runs: wall time of one run alone (s)"),
+    ("test_concurrent_runs.", "concurrent_2_wall_seconds", "2 runs at once: wall time (s)"),
+    ("test_concurrent_runs.", "concurrent_2_vs_one", "2 runs at once: wall time / one run alone"),
+    ("test_concurrent_runs.", "concurrent_2_jobs_overlap_seconds", "2 runs at once: seconds both Ray jobs ran"),
+    ("test_concurrent_runs.", "concurrent_2_cross_run_files", "2 runs at once: files of one run in another's"),
+    ("test_concurrent_runs.", "concurrent_4_wall_seconds", "4 runs at once: wall time (s)"),
+    ("test_concurrent_runs.", "concurrent_4_vs_one", "4 runs at once: wall time / one run alone"),
+    ("test_concurrent_runs.", "concurrent_4_jobs_overlap_seconds", "4 runs at once: seconds all 4 Ray jobs ran"),
+    ("test_concurrent_runs.", "concurrent_4_cross_run_files", "4 runs at once: files of one run in another's"),
+    ("test_concurrent_runs.", "latency_max_seconds_ray", "4 runs at once: slowest Ray job server answer (s)"),
+    ("test_concurrent_runs.", "latency_max_seconds_mlflow", "4 runs at once: slowest MLflow server answer (s)"),
+    ("test_concurrent_runs.", "latency_samples", "4 runs at once: server answers timed (1 / s each)"),
+    ("test_concurrent_runs.", "latency_failures", "4 runs at once: server requests that failed"),
 ]
 # The slow real-Airflow kills (tests/reliability/test_orchestrator_kill.py): the triggerer, a LocalExecutor worker.
 for _dag, _what in (("kill_triggerer", "the Airflow triggerer"), ("kill_worker", "the Airflow worker")):

@@ -140,7 +140,10 @@ def launch_role_groups(
         use_gpu=res.device == "cuda",
         num_cpus_per_process=res.num_cpus_per_worker,
         gpus_per_process=res.gpus_per_worker,
-        name_prefix=config.trainer.experiment_name,
+        # Placement groups of concurrent runs on one cluster are told apart (``ray status``) by experiment + run.
+        name_prefix=f"{config.trainer.experiment_name}.{config.trainer.run_name}",
+        # A run that finds the cluster taken by other runs waits its turn instead of failing after a minute.
+        ready_timeout_s=res.placement_timeout_s,
     )
     share = 1.0 / len(rows)  # every role on every bundle, each a fraction of its CPUs / GPU
     # NCCL refuses two ranks on one device ("Duplicate GPU detected"): ranks sharing a GPU talk over gloo.

@@ -370,6 +370,12 @@ class ResourcesConfig(Section):
         ),
     )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
+    placement_timeout_s: float = Field(
+        900.0,
+        gt=0.0,
+        description="Seconds the run waits for the cluster to grant its ranks' bundles before it fails; a run "
+        "queued behind other runs on a full cluster waits this long.",
+    )
 
     @property
     def threads_per_worker(self) -> int:

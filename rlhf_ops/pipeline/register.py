@@ -127,8 +127,6 @@ def download_champion(registered_name: str, *, models_dir: str, tracking_uri: st
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from rlhf_ops.tracking.registry import download_model
-
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         version = client.get_model_version_by_alias(registered_name, CHAMPION_ALIAS)
@@ -142,11 +140,38 @@ def download_champion(registered_name: str, *, models_dir: str, tracking_uri: st
         return None
     dest = Path(models_dir) / registered_name / f"v{version.version}"
     if not (dest / ".complete").is_file():
-        download_model(registered_name=registered_name, dst_path=dest, tracking_uri=tracking_uri)
-        (dest / ".complete").write_text(f"{registered_name} v{version.version}\n")
+        _download_into(dest, registered_name=registered_name, version=str(version.version), tracking_uri=tracking_uri)
     configs = sorted(dest.rglob("config.json"), key=lambda p: len(p.parts))  # the artifact folder's own config
     if not configs:
         raise ValueError(f"{registered_name} v{version.version} has no config.json; register an HF model folder")
     model_dir = configs[0].parent
     log.info("warm start from %s v%s: %s", registered_name, version.version, model_dir)
     return str(model_dir)
+
+
+def _download_into(dest: Path, *, registered_name: str, version: str, tracking_uri: str | None) -> None:
+    """Download one model version into ``dest``, atomically: concurrent runs warm-starting from it share ``dest``.
+
+    Each caller downloads into its own temporary sibling and renames it into place; a caller that finds ``dest``
+    completed by another meanwhile drops its copy. The version is the one resolved by the caller (the alias may
+    move while it downloads).
+    """
+    import shutil
+    import tempfile
+
+    from rlhf_ops.tracking.registry import download_model
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        download_model(registered_name=registered_name, dst_path=tmp, version=version, tracking_uri=tracking_uri)
+        (tmp / ".complete").write_text(f"{registered_name} v{version}\n")
+        if dest.exists() and not (dest / ".complete").is_file():
+            shutil.rmtree(dest, ignore_errors=True)  # left by a download killed before this rule existed
+        try:
+            tmp.rename(dest)
+        except OSError:  # another run renamed its complete copy into place first
+            if not (dest / ".complete").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

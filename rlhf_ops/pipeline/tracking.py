@@ -111,6 +111,7 @@ def start_tracking(
     """
     from mlflow import MlflowClient
 
+    from rlhf_ops.pipeline.layout import run_key
     from rlhf_ops.tracking.artifacts import log_data_manifest, log_rejected_sample, log_resolved_config
     from rlhf_ops.tracking.mlflow_tracking import MlflowLogger, pipeline_tags, run_name_for, start_pipeline_run
 
@@ -120,7 +121,8 @@ def start_tracking(
     run_id = start_pipeline_run(
         tracking_uri=tracking_uri,
         experiment=str(config["tracking"]["experiment"]),
-        run_name=run_name_for(preset, algorithm, run_date),
+        # Two runs triggered in the same minute get distinct names: the digest of their Airflow run ids.
+        run_name=run_name_for(preset, algorithm, run_date, key=run_key(dag_run_id).rsplit("-", 1)[-1]),
         tags=tags,
     )
     manifest = _read_json(str(prepared["manifest_url"])) if prepared.get("manifest_url") else {}

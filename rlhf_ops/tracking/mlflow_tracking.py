@@ -89,14 +89,16 @@ def platform_git_commit() -> str:
     return head.stdout.strip() or "unknown"
 
 
-def run_name_for(preset: str, algorithm: str, date: dt.datetime) -> str:
-    """Run name ``"<preset>/<algorithm>/<YYYY-MM-DDTHH:MM>"``, e.g. ``"tiny-cpu/grpo/2026-11-29T10:00"``.
+def run_name_for(preset: str, algorithm: str, date: dt.datetime, key: str | None = None) -> str:
+    """Run name ``"<preset>/<algorithm>/<YYYY-MM-DDTHH:MM>[/<key>]"``, e.g. ``"tiny-cpu/grpo/2026-11-29T10:00"``.
 
-    An aware ``date`` is shown in UTC; a naive one as it is (Airflow's logical dates are aware UTC).
+    An aware ``date`` is shown in UTC; a naive one as it is (Airflow's logical dates are aware UTC). ``key``
+    (the pipeline passes its run key's digest) tells apart runs started in the same minute.
     """
     if date.tzinfo is not None:
         date = date.astimezone(dt.UTC)
-    return f"{preset}/{algorithm}/{date:%Y-%m-%dT%H:%M}"
+    name = f"{preset}/{algorithm}/{date:%Y-%m-%dT%H:%M}"
+    return f"{name}/{key}" if key else name
 
 
 def pipeline_tags(

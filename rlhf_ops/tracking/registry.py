@@ -97,18 +97,25 @@ def move_alias(
 
 
 def download_model(
-    *, registered_name: str, dst_path: str | Path, alias: str = "champion", tracking_uri: str | None = None
+    *,
+    registered_name: str,
+    dst_path: str | Path,
+    alias: str = "champion",
+    version: str | None = None,
+    tracking_uri: str | None = None,
 ) -> Path:
-    """Download the folder of the version that ``alias`` points to; returns the local folder.
+    """Download the folder of ``version`` (default: the version that ``alias`` points to); returns the local folder.
 
     Resolves the version with an explicit client because MLflow 3.17's ``models:/`` resolution ignores
-    the ``registry_uri`` argument of ``mlflow.artifacts.download_artifacts`` and uses the global URI.
+    the ``registry_uri`` argument of ``mlflow.artifacts.download_artifacts`` and uses the global URI. Pass the
+    ``version`` already resolved when the alias may move meanwhile (another run promoting its model).
     """
     import mlflow.artifacts
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    version = client.get_model_version_by_alias(registered_name, alias)
-    source_uri = client.get_model_version_download_uri(registered_name, version.version)
+    if version is None:
+        version = str(client.get_model_version_by_alias(registered_name, alias).version)
+    source_uri = client.get_model_version_download_uri(registered_name, version)
     Path(dst_path).mkdir(parents=True, exist_ok=True)
     local = mlflow.artifacts.download_artifacts(
         artifact_uri=source_uri, dst_path=str(dst_path), tracking_uri=client.tracking_uri

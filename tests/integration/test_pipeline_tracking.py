@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from rlhf_ops.pipeline.layout import run_key
 from rlhf_ops.pipeline.register import download_champion
 from rlhf_ops.pipeline.tracking import end_tracking, start_tracking
 from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
@@ -58,7 +59,8 @@ def test_start_tracking_is_idempotent_and_logs_what_is_known(tracking_uri: str, 
     assert first["mlflow_run_url"] == f"{tracking_uri}/#/experiments/{first['mlflow_experiment_id']}/runs/{run_id}"
     client = MlflowClient(tracking_uri)
     run = client.get_run(run_id)
-    assert run.info.run_name == "tiny-cpu/grpo/2026-11-29T10:00"
+    # the minute plus the digest of the Airflow run id (run_key("manual__1") ends with it): unique per run
+    assert run.info.run_name == f"tiny-cpu/grpo/2026-11-29T10:00/{run_key('manual__1')[-8:]}"
     assert run.data.params["actor.lr"] == "0.001"
     assert run.data.tags["airflow.try_number"] == "2" and run.data.tags["rlhf.preset"] == "tiny-cpu"
     # What the compare view tells two runs apart by, as params (its parameter table) and tags.

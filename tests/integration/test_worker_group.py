@@ -236,3 +236,29 @@ def test_constructor_failure_names_rank_and_releases_the_pool() -> None:
     with pytest.raises(WorkerGroupError, match=expected):
         RayWorkerGroup(pool, _RankWorker, worker_kwargs={"fail_init_rank": 1}, name_prefix="critic", init_timeout_s=90)
     assert _cpus_freed(), "the placement group was not removed"
+
+
+def test_a_pool_on_a_full_cluster_waits_for_the_run_holding_it() -> None:
+    """Two runs on one cluster: the second's bundles are granted once the first releases them, within the timeout."""
+    import threading
+
+    first = RayResourcePool([2], use_gpu=False, name_prefix="t_run_a")  # both CPUs of the session's cluster
+    first.acquire(first)
+    # A short timeout fails with a message naming the knob that makes a queued run wait longer.
+    short = RayResourcePool([1], use_gpu=False, name_prefix="t_run_b", ready_timeout_s=1.0)
+    with pytest.raises(TimeoutError, match=r"'t_run_b' could not reserve .* resources\.placement_timeout_s"):
+        short.acquire(short)
+    queued = RayResourcePool([1], use_gpu=False, name_prefix="t_run_b", ready_timeout_s=90.0)
+    granted: list[float] = []
+    waiter = threading.Thread(target=lambda: (queued.acquire(queued), granted.append(time.monotonic())))
+    waiter.start()
+    time.sleep(8.0)  # past the pool's 5 s notice: it is still waiting, not failed
+    assert not granted and waiter.is_alive()
+    released = time.monotonic()
+    first.release(first)
+    waiter.join(timeout=60)
+    try:
+        assert granted and granted[0] >= released  # granted after the first run let go, not before
+    finally:
+        queued.shutdown()
+    assert _cpus_freed()

@@ -7,11 +7,12 @@ How a cluster maps to it:
 
 - One machine with 8 GPUs: ``RayResourcePool([8], use_gpu=True)``: one STRICT_PACK placement
   group of 8 bundles; ranks 0-7, local ranks 0-7.
-- Two machines with 8 GPUs each: ``RayResourcePool([8, 8], use_gpu=True)``: one STRICT_PACK
-  placement group per entry, each on one node (Ray picks which); ranks 0-7 on the first node,
-  8-15 on the second, local ranks restart at 0 on each node; the master address is rank 0's node
-  IP. ``strategy="PACK"`` instead makes one placement group of 16 bundles that Ray may place on any
-  nodes; local ranks are then read from the placement-group table.
+- Two machines with 8 GPUs each: ``RayResourcePool([8, 8], use_gpu=True)``: one STRICT_SPREAD
+  placement group of one bundle per entry (``{"GPU": 8, "CPU": 8 * cpus}``), so each entry is on
+  its own node (Ray picks which); ranks 0-7 share the first node's bundle, 8-15 the second's, local
+  ranks restart at 0 on each node; the master address is rank 0's node IP. ``strategy="PACK"``
+  instead makes one placement group of 16 bundles that Ray may place on any nodes; local ranks are
+  then read from the placement-group table.
 - This 2-core test machine: ``RayResourcePool([2], use_gpu=False, num_cpus_per_process=1)``.
 
 Colocation: several worker groups share the same bundles (verl's "hybrid engine" placement) by
@@ -22,6 +23,8 @@ roles of 2 ranks fit on 2 CPUs (0.5 CPU per actor). Bundles are reserved lazily 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +32,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 __all__ = ["BundleSlot", "RayResourcePool"]
+
+_log = logging.getLogger(__name__)
+_NOTICE_S = 5.0  # a pool not granted within this long is waiting for other runs: logged once
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,42 +141,75 @@ class RayResourcePool:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    def _node_bundles(self) -> list[dict[str, float]]:
+        """One bundle per node entry holding all its processes' resources (the multi-node STRICT_PACK layout)."""
+        return [{k: v * n for k, v in self.bundle.items()} for n in self.process_on_nodes]
+
     def _reserve(self) -> None:
-        if self.strategy == "STRICT_PACK":
-            counts = self.process_on_nodes
+        counts = self.process_on_nodes if self.strategy == "STRICT_PACK" else [self.world_size]
+        if self.strategy == "STRICT_PACK" and len(self.process_on_nodes) > 1:
+            # Several nodes: one STRICT_PACK group per node entry would let Ray put two entries on one node when it
+            # has room. One STRICT_SPREAD group of one bundle per node puts each entry on its own
+            # node; the node's ranks share its bundle (each actor asks for one process's part of it).
+            pgs = [placement_group(self._node_bundles(), strategy="STRICT_SPREAD", name=f"{self.name_prefix}_pg0")]
+            ranks_per_bundle = list(self.process_on_nodes)
         else:
-            counts = [self.world_size]
-        pgs = [
-            placement_group(
-                [dict(self.bundle) for _ in range(n)], strategy=self.strategy, name=f"{self.name_prefix}_pg{i}"
-            )
-            for i, n in enumerate(counts)
-        ]
+            pgs = [
+                placement_group(
+                    [dict(self.bundle) for _ in range(n)], strategy=self.strategy, name=f"{self.name_prefix}_pg{i}"
+                )
+                for i, n in enumerate(counts)
+            ]
+            ranks_per_bundle = [1] * self.world_size
         self._placement_groups = pgs
+        deadline = time.monotonic() + self.ready_timeout_s
         for pg in pgs:
-            if not pg.wait(timeout_seconds=self.ready_timeout_s):
+            if pg.wait(timeout_seconds=min(_NOTICE_S, self.ready_timeout_s)):
+                continue
+            # Other runs may hold the cluster: say so once, then wait the rest of the timeout for them to finish.
+            _log.warning(
+                "resource pool %r: waiting up to %.0f s for %s bundles of %s (the cluster has %s free; other runs "
+                "may hold it)",
+                self.name_prefix,
+                max(0.0, deadline - time.monotonic()),
+                counts,
+                self.bundle,
+                ray.available_resources(),
+            )
+            if not pg.wait(timeout_seconds=max(0.0, deadline - time.monotonic())):
                 self.shutdown()
                 raise TimeoutError(
                     f"resource pool {self.name_prefix!r} could not reserve {counts} bundles of {self.bundle} within "
                     f"{self.ready_timeout_s}s; the cluster has {ray.available_resources()} free. Lower "
-                    "process_on_nodes or num_cpus_per_process, or add nodes."
+                    "process_on_nodes or num_cpus_per_process, add nodes, or raise resources.placement_timeout_s "
+                    "when other runs hold the cluster."
                 )
-        self._slots = self._compute_slots(pgs)
+        self._slots = self._compute_slots(pgs, ranks_per_bundle)
+        nodes = [slot.node_id for slot in self._slots]
+        _log.info(
+            "resource pool %r: %d rank(s) on %d node(s); rank -> node: %s",
+            self.name_prefix,
+            len(nodes),
+            len(set(nodes)),
+            ", ".join(f"{slot.rank}:{slot.node_id}" for slot in self._slots),
+        )
 
     @staticmethod
-    def _compute_slots(pgs: list[PlacementGroup]) -> list[BundleSlot]:
+    def _compute_slots(pgs: list[PlacementGroup], ranks_per_bundle: list[int]) -> list[BundleSlot]:
+        """One slot per rank, in bundle order; ``ranks_per_bundle`` lists how many ranks share each bundle."""
         slots: list[BundleSlot] = []
         per_node: dict[str, int] = {}
+        shares = iter(ranks_per_bundle)
         for pg in pgs:
             table: dict[str, Any] = placement_group_table(pg)
             bundle_nodes: dict[int, str] = table["bundles_to_node_id"]
             for index in range(pg.bundle_count):
                 node = bundle_nodes[index]
-                local_rank = per_node.get(node, 0)
-                per_node[node] = local_rank + 1
-                slots.append(
-                    BundleSlot(
+                for _ in range(next(shares)):
+                    local_rank = per_node.get(node, 0)
+                    per_node[node] = local_rank + 1
+                    slot = BundleSlot(
                         rank=len(slots), placement_group=pg, bundle_index=index, node_id=node, local_rank=local_rank
                     )
-                )
+                    slots.append(slot)
         return slots

@@ -157,6 +157,13 @@ class Worker:
         return get_node_ip()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_node_id(self) -> str:
+        """Ray node id of the node this rank runs on (two raylets on one machine share an IP, not a node id)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else "local"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_free_port(self, host: str = "127.0.0.1") -> int:
         """A free TCP port on ``host`` of this rank's node (rank 0's becomes the group's master port)."""
         return get_free_port(host)

@@ -20,6 +20,7 @@ from a checkpoint.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -34,6 +35,8 @@ from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker import RankContext, Worker
 
 __all__ = ["RayWorkerGroup"]
+
+_log = logging.getLogger(__name__)
 
 W = TypeVar("W", bound=Worker)
 P = ParamSpec("P")
@@ -230,7 +233,19 @@ class RayWorkerGroup(Generic[W]):
         port_future = self.call_async("get_free_port", "127.0.0.1" if master_addr == "127.0.0.1" else "")
         master_port = port_future.result(timeout_s=timeout_s)[0]
         future = self.call_async("init_process_group", backend, master_addr=master_addr, master_port=master_port)
-        return str(future.result(timeout_s=timeout_s)[0])
+        resolved = str(future.result(timeout_s=timeout_s)[0])
+        nodes = self.call_async("get_node_id").result(timeout_s=timeout_s)
+        _log.info(
+            "[%s] %s process group of %d rank(s) across %d node(s) (rendezvous %s:%d); rank -> node: %s",
+            self.name_prefix,
+            resolved,
+            len(nodes),
+            len(set(nodes)),
+            master_addr,
+            master_port,
+            ", ".join(f"{rank}:{node}" for rank, node in enumerate(nodes)),
+        )
+        return resolved
 
 
 def _put_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:

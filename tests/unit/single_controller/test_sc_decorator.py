@@ -19,7 +19,7 @@ from workers.single_controller.decorator import (
 from workers.single_controller.dispatch import DPRankInfo
 from workers.single_controller.worker import RankContext, Worker, get_free_port, resolve_backend
 
-BASE_METHODS = ["dp_info", "get_free_port", "get_node_ip", "get_pid", "init_process_group"]
+BASE_METHODS = ["dp_info", "get_free_port", "get_node_id", "get_node_ip", "get_pid", "init_process_group"]
 
 
 class _Critic(Worker):

@@ -25,6 +25,10 @@ def test_run_name_for_naive_and_aware_dates() -> None:
         mt.run_name_for("gpu-7b", "ppo", dt.datetime(2026, 11, 29, 11, 30, tzinfo=cet))
         == "gpu-7b/ppo/2026-11-29T10:30"
     )
+    # two runs started in the same minute: told apart by the key
+    assert mt.run_name_for("tiny-cpu", "grpo", dt.datetime(2026, 11, 29, 10, 0), key="1a2b3c4d") == (
+        "tiny-cpu/grpo/2026-11-29T10:00/1a2b3c4d"
+    )
 
 
 def test_pipeline_tags() -> None:
