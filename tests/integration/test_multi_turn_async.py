@@ -44,6 +44,7 @@ def _child_main(model_dir: str, out_path: str) -> None:
     from rlhf_ops.config.multi_turn import MultiTurnConfig
     from rlhf_ops.config.schema import RolloutConfig
     from rlhf_ops.models.tiny import build_tiny_tokenizer
+    from tests.support.rollout_calls import sampling_for
     from tests.unit.rollout.test_hf_rollout import PAD, make_prompts
     from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
     from workers.rollout.hf_rollout import HFRollout
@@ -66,10 +67,10 @@ def _child_main(model_dir: str, out_path: str) -> None:
     res: dict[str, Any] = {}
     try:
         for name, rollout in (("hf", hf), ("async", per_sample), ("rounds", rounds)):
-            prompts = make_prompts(n=1, do_sample=False)
+            prompts = make_prompts()
             prompts.non_tensor_batch["ground_truth"] = np.array(["7", "6", "0"], dtype=object)
             start = time.perf_counter()
-            out = rollout.generate_sequences(prompts)
+            out = rollout.generate_sequences(prompts, sampling_for(rollout, n=1, do_sample=False))
             res[f"{name}_s"] = time.perf_counter() - start
             assert out.batch is not None
             res[name] = {k: out.batch[k].clone() for k in (*KEYS, "tool_call_counts", "rollout_log_probs")}
