@@ -12,6 +12,8 @@ How it runs:
 - Generation: every row (prompt x sample) is its own request (:meth:`generate_one`), all submitted at once
   and gathered in request order (:meth:`agenerate`); the engine core schedules them by continuous
   batching and each finishes on its own (``RequestOutputKind.FINAL_ONLY``: one message per request).
+  The agent loop (``rollout.multi_turn``) runs one coroutine per sample on this loop, each awaiting
+  :meth:`generate_one` for its turns (``workers/rollout/multi_turn.py``).
 - Weights: a generator cannot cross the process boundary, and tensors in ``collective_rpc`` arguments
   arrive as raw ``[dtype, shape, buffer]`` lists (vLLM's msgpack decoder only rebuilds tensors where a type
   hint says so). So :meth:`update_weights` writes the streamed tensors into safetensors files under a
@@ -93,6 +95,7 @@ class AsyncVLLMRollout(VLLMRollout):
         self.last_weight_files = 0  # files written by the last update_weights
         self._request_ids = itertools.count()
         self._kv_asleep = False
+        self._wake_lock = asyncio.Lock()  # concurrent requests (the agent loop's samples) wake the KV cache once
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-loop", daemon=True)
         self._thread.start()
@@ -150,8 +153,7 @@ class AsyncVLLMRollout(VLLMRollout):
         """One request (token ids in, ``vllm.RequestOutput`` out); returns when this request finishes."""
         from vllm.inputs import TokensPrompt
 
-        if self._kv_asleep:
-            await self._wake_kv_cache()
+        await self._ensure_kv_awake()
         final = None
         async for output in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), sampling, request_id):
             final = output
@@ -161,8 +163,7 @@ class AsyncVLLMRollout(VLLMRollout):
 
     async def agenerate(self, prompts: list[list[int]], sampling: list[Any]) -> list[Any]:
         """Submits every prompt as its own request at once; ``RequestOutput``s in the order of ``prompts``."""
-        if self._kv_asleep:
-            await self._wake_kv_cache()
+        await self._ensure_kv_awake()
         base = next(self._request_ids)
         pairs = enumerate(zip(prompts, sampling, strict=True))
         return list(await asyncio.gather(*(self.generate_one(f"rlhf-{base}-{i}", p, s) for i, (p, s) in pairs)))
@@ -233,10 +234,12 @@ class AsyncVLLMRollout(VLLMRollout):
             self._run(self.engine.wake_up(tags=["weights"]))
             self._asleep = False
 
-    async def _wake_kv_cache(self) -> None:
-        await self.engine.wake_up(tags=["kv_cache"])
-        await self.engine.reset_prefix_cache()
-        self._kv_asleep = False
+    async def _ensure_kv_awake(self) -> None:
+        async with self._wake_lock:
+            if self._kv_asleep:
+                await self.engine.wake_up(tags=["kv_cache"])
+                await self.engine.reset_prefix_cache()
+                self._kv_asleep = False
 
     def shutdown(self) -> None:
         """Stops the engine-core process and the event loop."""

@@ -9,6 +9,11 @@ Output keys and shapes are the single-turn engines' (:mod:`workers.rollout.base`
 the response's end, observations included. Plus one (B,) int64 counter per key of
 :data:`rlhf_ops.agent.metrics.ROW_KEYS`.
 
+Schedules (:mod:`rlhf_ops.agent.loop`): on the async engine (``AsyncVLLMRollout``, ``rollout.mode=async``) every
+sample runs its own coroutine on the engine's event loop (:meth:`AgentLoop.arun`: one request per sample and turn,
+the next one submitted as soon as that sample's tools returned); the HF engine and the sync ``vllm.LLM`` run in
+rounds (:meth:`AgentLoop.run`). Both share the per-sample state machine, so greedy outputs are identical.
+
 Collective engines: the HF engine under FSDP must run the same forwards on every rank, so every round
 all-reduces "any sample still running", a rank without running samples decodes one finished dummy row,
 and every round decodes R steps at most with the engine's own all-ranks-finished check.
@@ -17,18 +22,29 @@ and every round decodes R steps at most with the engine's own all-ranks-finished
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from rlhf_ops.agent import AgentLoop, AgentLoopConfig, Completion, GenerateFn, ToolLimits, load_interaction, load_tools
+from rlhf_ops.agent import (
+    AgentLoop,
+    AgentLoopConfig,
+    AsyncGenerateFn,
+    Completion,
+    GenerateFn,
+    ToolLimits,
+    load_interaction,
+    load_tools,
+)
 from rlhf_ops.agent.metrics import row_counters
 from rlhf_ops.agent.tools import Tool
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.padding import compute_position_ids, pad_sequences_left, pad_sequences_right
 from rlhf_ops.protocol import DataProto
+from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
 from workers.rollout.base import RolloutEngine, SamplingParams, build_rollout_output
 from workers.rollout.hf_rollout import HFRollout
 from workers.rollout.sampling import sample_next_tokens
@@ -60,9 +76,28 @@ class MultiTurnRollout:
             go to it unchanged.
         cfg: ``rollout.multi_turn``.
         tokenizer: The policy's tokenizer (chat template, decoding turns).
+        schedule: ``per_sample`` (a coroutine per sample; the async engine only), ``rounds``, or ``auto``:
+            per sample on the async engine, rounds on the others.
+
+    Raises:
+        ValueError: ``schedule="per_sample"`` on an engine without an event loop.
     """
 
-    def __init__(self, engine: Any, cfg: MultiTurnConfig, *, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        cfg: MultiTurnConfig,
+        *,
+        tokenizer: Any,
+        schedule: Literal["auto", "rounds", "per_sample"] = "auto",
+    ) -> None:
+        is_async = isinstance(engine, AsyncVLLMRollout)
+        if schedule == "per_sample" and not is_async:
+            raise ValueError(
+                f"schedule='per_sample' needs the async engine (rollout.mode=async), got {type(engine).__name__}; "
+                "use schedule='rounds' or 'auto'."
+            )
+        self.per_sample = is_async if schedule == "auto" else schedule == "per_sample"
         self.engine = engine
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -118,7 +153,12 @@ class MultiTurnRollout:
             interaction=self.interaction,
             any_active=self._any_active,
         )
-        samples = loop.run(contexts, self._generate_fn(params), rows=rows)
+        if self.per_sample:  # on the engine's event loop; this thread waits
+            samples = self.engine._run(
+                loop.arun(contexts, async_vllm_generate(self.engine, params, len(contexts)), rows=rows)
+            )
+        else:
+            samples = loop.run(contexts, self._generate_fn(params), rows=rows)
         length, pad = params.response_length, params.pad_token_id
         responses = pad_sequences_right([s.response_ids for s in samples], pad_value=pad, max_length=length)
         response_mask = pad_sequences_right([s.response_mask for s in samples], pad_value=0, max_length=length)
@@ -189,13 +229,36 @@ def vllm_generate(
         for b in budgets
     ]
     outputs = engine.generate_token_ids(contexts, sampling)  # sync engine: one batch; async: one request each
-    completions = []
-    for request in outputs:
-        done = request.outputs[0]
-        tokens = list(done.token_ids)
-        steps = list(done.logprobs or [])
-        completions.append(Completion(tokens, [step[t].logprob for step, t in zip(steps, tokens, strict=False)]))
-    return completions
+    return [_completion(request) for request in outputs]
+
+
+def async_vllm_generate(engine: AsyncVLLMRollout, params: SamplingParams, count: int) -> AsyncGenerateFn:
+    """The per-sample engine of :meth:`AgentLoop.arun` for ``count`` samples: one request per call.
+
+    Seeds: one generator per sample, seeded in row order from the engine's (step-seeded) ``_seeds``; each turn
+    draws from its sample's. So a sample's requests get the same seeds whatever order the samples reach the
+    engine in (a resumed run samples what an uninterrupted one would).
+    """
+    seeds = [random.Random(engine._seeds.randrange(2**31)) for _ in range(count)]
+    base = next(engine._request_ids)
+    turns = [0] * count
+
+    async def generate(index: int, context: list[int], budget: int) -> Completion:
+        seed = seeds[index].randrange(2**31)
+        sampling = engine._sampling_params(dataclasses.replace(params, n=1, response_length=budget), seed)
+        request_id = f"rlhf-{base}-{index}-turn{turns[index]}"
+        turns[index] += 1
+        return _completion(await engine.generate_one(request_id, context, sampling))
+
+    return generate
+
+
+def _completion(request: Any) -> Completion:
+    """A finished ``vllm.RequestOutput`` (n = 1) as the agent loop's :class:`Completion`."""
+    done = request.outputs[0]
+    tokens = list(done.token_ids)
+    steps = list(done.logprobs or [])
+    return Completion(tokens, [step[t].logprob for step, t in zip(steps, tokens, strict=False)])
 
 
 @torch.no_grad()

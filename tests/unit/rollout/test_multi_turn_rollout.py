@@ -50,6 +50,9 @@ def test_wraps_only_when_enabled(model: LlamaForCausalLM, tiny_model_dir: str) -
     assert maybe_multi_turn(engine, MultiTurnConfig(), tokenizer_path=tiny_model_dir) is engine
     wrapped = maybe_multi_turn(engine, CFG, tokenizer_path=tiny_model_dir)
     assert isinstance(wrapped, MultiTurnRollout) and isinstance(wrapped, RolloutEngine)
+    assert not wrapped.per_sample  # the HF engine runs in rounds (collective under FSDP)
+    with pytest.raises(ValueError, match="schedule='per_sample' needs the async engine"):
+        MultiTurnRollout(engine, CFG, tokenizer=build_tiny_tokenizer(), schedule="per_sample")
 
 
 def test_masks_have_holes_and_log_probs_match_the_teacher_forced_recompute(
