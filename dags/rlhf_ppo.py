@@ -1,9 +1,9 @@
 """``rlhf_ppo``: the RLHF pipeline, triggered from the form (or the REST API) with one run's parameters.
 
 prepare_data (Ray job) → preflight → start_tracking → train (Ray job) + evaluation of each checkpoint while it
-trains (a Ray job each) → sync_and_retain → register_model (Ray job). The parameters (preset, model, data, algorithm, steps, learning rate, KL,
-rollout n, remote store, overrides, Ray address…) are JSON-Schema ``Param``s: the form renders and checks
-them. Everything else is in ``rlhf_pipeline.factory`` and ``docs/pipeline.md``.
+trains (a Ray job each) → sync_and_retain → register_model (Ray job). The parameters (preset, model, data,
+algorithm, steps, learning rate, KL, rollout n, remote store, overrides, Ray address…) are JSON-Schema
+``Param``s: the form renders and checks them. Everything else is in ``rlhf_pipeline.factory`` and ``docs/pipeline.md``.
 """
 
 from __future__ import annotations
