@@ -286,8 +286,7 @@ def test_heavy_task_job_returns_its_result_file_and_a_retry_reattaches(ray_head:
     assert "pipeline-job prepare_data" in hook.info(submission_id).entrypoint
     # A retry of the task instance finds the finished job: nothing is submitted, the same result comes back.
     jobs = _submission_ids(hook)
-    again, _ = _prepare_job(tmp_path, dataset_url="builtin:copy_digit", val_fraction=0.25)
-    assert again.execute(context) == prepared  # type: ignore[arg-type]
+    assert op.execute(context) == prepared  # type: ignore[arg-type]
     assert _submission_ids(hook) == jobs
 
 
