@@ -1,14 +1,13 @@
 """``rlhf_ppo``: the RLHF pipeline, triggered from the form (or the REST API) with one run's parameters.
 
-prepare_data → preflight → start_tracking → train (Ray job) + evaluation of each checkpoint while it trains
-→ sync_and_retain → register_model. The parameters (preset, model, data, algorithm, steps, learning rate, KL,
-rollout n, remote store, overrides, Ray address…) are JSON-Schema ``Param``s: the form renders and checks
-them. Everything else is in ``rlhf_pipeline.factory`` and ``docs/pipeline.md``.
+prepare_data (Ray job) → preflight → start_tracking → train (Ray job) + evaluation of each checkpoint while it
+trains (a Ray job each) → sync_and_retain → register_model (Ray job). The parameters (preset, model, data,
+algorithm, steps, learning rate, KL, rollout n, remote store, overrides, Ray address…) are JSON-Schema
+``Param``s: the form renders and checks them. Everything else is in ``rlhf_pipeline.factory`` and ``docs/pipeline.md``.
 """
 
 from __future__ import annotations
 
-from airflow.configuration import conf
 from airflow.sdk import DAG
 from rlhf_pipeline.factory import build_pipeline_dag
 
@@ -18,7 +17,4 @@ dag: DAG = build_pipeline_dag(
     tags=["ppo", "grpo", "manual"],
     description="RLHF fine-tuning run (PPO/GRPO on Ray), triggered with a form",
     max_active_runs=4,
-    # Executor queue of the tasks that need torch (prepare_data, evaluate, register_model), where Airflow's own
-    # workers have none: AIRFLOW__RLHF__HEAVY_QUEUE (scripts/stack.sh sets `heavy`). Unset: the default queue.
-    heavy_queue=conf.get("rlhf", "heavy_queue", fallback="") or None,
 )

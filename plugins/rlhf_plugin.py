@@ -10,15 +10,16 @@ from airflow.plugins_manager import AirflowPlugin
 
 from rlhf_airflow.links import CheckpointFolderLink, MlflowRunLink, RayJobLink
 from rlhf_airflow.operators import RayJobOperator
+from rlhf_airflow.task_jobs import RayTaskJobOperator
 
 # ``BaseOperatorLink.operators`` names the operator classes a plugin link decorates (matched by class name and
 # module). Set here, at the registration point, because links.py cannot import operators.py (cycle).
 for _link_cls in (RayJobLink, MlflowRunLink, CheckpointFolderLink):
-    _link_cls.operators = [RayJobOperator]
+    _link_cls.operators = [RayJobOperator, RayTaskJobOperator]
 
 
 class RlhfPlugin(AirflowPlugin):
-    """Extra links for ``rlhf_airflow.operators.RayJobOperator``."""
+    """Extra links for ``RayJobOperator`` and its heavy-task subclass ``RayTaskJobOperator``."""
 
     name = "rlhf"
     operator_extra_links = [RayJobLink(), MlflowRunLink(), CheckpointFolderLink()]

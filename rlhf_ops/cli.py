@@ -1,6 +1,6 @@
 """The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``prepare-data``, ``model
-import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``. Heavy imports (torch,
-Ray) happen inside the command that needs them.
+import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and ``pipeline-job`` (the Ray job
+entrypoint of the pipeline's heavy tasks). Heavy imports (torch, Ray) happen inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -184,6 +184,24 @@ def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     prep.set_defaults(func=_prepare_data)
 
 
+def _pipeline_job(args: argparse.Namespace) -> int:
+    from rlhf_ops.pipeline.jobs import run_job
+
+    return run_job(args.job, result_dir=args.result_dir)
+
+
+def _add_pipeline_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from rlhf_ops.pipeline.job_results import JOB_NAMES, REQUEST_ENV
+
+    job = sub.add_parser(
+        "pipeline-job",
+        help=f"run a pipeline task (prepare_data, evaluate, register) as a Ray job; request in ${REQUEST_ENV}",
+    )
+    job.add_argument("job", choices=JOB_NAMES, help="the task: the same library call the Airflow task made")
+    job.add_argument("--result-dir", required=True, help="folder the result JSON goes to (<submission id>.json)")
+    job.set_defaults(func=_pipeline_job)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -209,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         handed.set_defaults(func=lambda args, module=module: hand_off(module, args.args))
 
     _add_prepare_parser(sub)
+    _add_pipeline_job_parser(sub)
     _add_model_parser(sub)
     from rlhf_ops.evaluation.commands import add_eval_parser
 

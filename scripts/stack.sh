@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole platform in containers on this machine, with podman: PostgreSQL, Redis (Celery broker), moto S3,
-# MLflow, Airflow (api-server, scheduler, dag-processor, triggerer, a Celery worker for the light tasks), an
-# Airflow Celery worker on the CPU worker image for `heavy_queue` (RLHF_STACK_HEAVY_QUEUE), a Ray head and a CPU
-# Ray worker.
+# MLflow, Airflow (api-server, scheduler, dag-processor, triggerer, a Celery worker) on the torch-free Airflow
+# image, and a Ray head and a CPU Ray worker on the CPU worker image. Every task that loads torch, a tokenizer or a
+# model (train, prepare_data, evaluate_checkpoint, register_model) is a Ray job: no Airflow worker needs torch.
 #
 #   bash scripts/stack.sh build     # the four images, tagged with a digest of their inputs (reused when equal)
 #   bash scripts/stack.sh up        # build, then start every container and wait until each one is ready
@@ -19,9 +19,6 @@
 #   RLHF_STACK_PORT_BASE   first port of the range (default 28700)
 #   RLHF_STACK_TIMEOUT_S   seconds `up` waits for one container to become ready (default 300)
 #   RLHF_STACK_NAME        prefix of container and volume names, and the label value (default rlhf-stack)
-#   RLHF_STACK_HEAVY_QUEUE Celery queue of the tasks that load a tokenizer or a model (default heavy), served
-#                          by a Celery worker on the CPU worker image. Empty: no such queue or worker (for a DAG
-#                          that runs those tasks as Ray jobs). The one switch between the two layouts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -32,7 +29,6 @@ TIMEOUT_S=${RLHF_STACK_TIMEOUT_S:-300}
 STACK=${RLHF_STACK_NAME:-rlhf-stack}
 LABEL=rlhf-ops.stack=$STACK
 STATE=$ROOT/.rlhf/$STACK
-HEAVY_QUEUE=${RLHF_STACK_HEAVY_QUEUE-heavy}
 
 # Fixed offsets inside the range: nothing here picks a random port (the test suite does, below 28700).
 P_POSTGRES=$((PORT_BASE + 10)) P_REDIS=$((PORT_BASE + 11)) P_S3=$((PORT_BASE + 12)) P_MLFLOW=$((PORT_BASE + 13))
@@ -258,7 +254,6 @@ AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=$P_WORKER_LOGS
 AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=$P_TRIGGER_LOGS
 AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/dags
 AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/plugins
-AIRFLOW__RLHF__HEAVY_QUEUE=$HEAVY_QUEUE
 AIRFLOW__RLHF__RAY_DASHBOARD_URL=http://127.0.0.1:$P_RAY_DASH
 MLFLOW_TRACKING_URI=http://127.0.0.1:$P_MLFLOW
 MLFLOW_DISABLE_TELEMETRY=true
@@ -364,14 +359,10 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
   run_c airflow-scheduler "${af[@]}" "${fab[@]}" "${logs[@]}" "$(image_ref airflow)" scheduler
   run_c airflow-dag-processor "${af[@]}" "${fab[@]}" "${logs[@]}" "$(image_ref airflow)" dag-processor
   run_c airflow-triggerer "${af[@]}" "${fab[@]}" "${logs[@]}" "$(image_ref airflow)" triggerer
-  # Light tasks (preflight, tracking, sensors, retention) in the torch-free Airflow image ...
+  # Every task in the torch-free Airflow image: the heavy ones submit Ray jobs and read their results from the
+  # shared work folder (/rlhf/work/jobs/...).
   run_c airflow-worker "${af[@]}" "${fab[@]}" "${logs[@]}" "${work[@]}" "$(image_ref airflow)" \
     airflow celery worker --queues default --concurrency 4 --celery-hostname "default@%h" --skip-serve-logs
-  # ... and heavy_queue (prepare_data, evaluate_checkpoint, register_model) on the CPU worker image.
-  if [ -n "$HEAVY_QUEUE" ]; then
-    run_c airflow-heavy-worker "${af[@]}" "${logs[@]}" "${work[@]}" "$(image_ref worker-cpu)" \
-      airflow celery worker --queues "$HEAVY_QUEUE" --concurrency 1 --celery-hostname "heavy@%h" --skip-serve-logs
-  fi
   local ray_curl="curl -fs -H 'Authorization: Bearer $RAY_AUTH_TOKEN' http://127.0.0.1:$P_RAY_DASH"
   wait_ready ray-head "$ray_curl/api/version"
   run_c ray-worker "${ray_env[@]}" "${work[@]}" -e RAY_NODE_TYPE=worker -e RAY_HEAD_ADDRESS="127.0.0.1:$P_RAY_GCS" \
@@ -380,9 +371,6 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
   wait_ready airflow-api-server "curl -fs http://127.0.0.1:$P_AIRFLOW/api/v2/monitor/health"
   wait_ready airflow-scheduler "curl -fs http://127.0.0.1:$P_SCHED_HEALTH/health"
   wait_ready airflow-worker "podman logs $STACK-airflow-worker 2>&1 | grep -q 'ready\.'"
-  if [ -n "$HEAVY_QUEUE" ]; then
-    wait_ready airflow-heavy-worker "podman logs $STACK-airflow-heavy-worker 2>&1 | grep -q 'ready\.'"
-  fi
   # Both nodes in `ray status`'s Active list.
   wait_ready ray-worker "[ \$(podman exec $STACK-ray-head ray status 2>/dev/null | sed -n '/Active:/,/Pending:/p' \
 | grep -c node_) -ge 2 ]"

@@ -6,9 +6,11 @@
                                                └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
                                                   wait_for_checkpoint → evaluate_checkpoint
 
-``train`` and each ``evaluate_checkpoint`` take slots of the cluster pool (``rlhf_airflow.pools``); with a spec's
-``approval`` on, ``approve_champion`` (human in the loop) sits between ``register_model`` and ``promote_champion``
-(``rlhf_pipeline.approval``).
+``prepare_data``, ``train``, each ``evaluate_checkpoint`` and ``register_model`` are Ray jobs submitted by the same
+hook and deferrable trigger (the heavy ones through ``rlhf_airflow.task_jobs.RayTaskJobOperator``): nothing in an
+Airflow process loads torch, a tokenizer or a model. ``train`` and each ``evaluate_checkpoint`` take slots
+of the cluster pool (``rlhf_airflow.pools``); with a spec's ``approval`` on, ``approve_champion`` (human in the
+loop) sits between ``register_model`` and ``promote_champion`` (``rlhf_pipeline.approval``).
 
 ``evaluate`` is a task group mapped over the global steps at which ``preflight`` says the trainer will commit
 a checkpoint (``save_freq`` and the last step). Each map index waits for its checkpoint with a sensor in
@@ -28,6 +30,7 @@ from airflow.sdk import DAG, task, task_group
 
 from rlhf_airflow.operators import RayJobOperator
 from rlhf_airflow.pools import ClusterPool, cluster_pool
+from rlhf_airflow.task_jobs import RayTaskJobOperator
 from rlhf_pipeline import tasks
 from rlhf_pipeline.approval import ApprovalSpec, approval_spec, approval_task
 from rlhf_pipeline.assets import pipeline_asset
@@ -51,7 +54,6 @@ def build_pipeline_dag(
     mlflow_conn_id: str | None = "mlflow_default",
     s3_conn_id: str | None = "aws_default",
     api_conn_id: str | None = "airflow_api",
-    heavy_queue: str | None = None,
     checkpoint_poke_s: float = 20.0,
     checkpoint_timeout_s: float = WEEK_S,
     train_timeout_s: float | None = None,
@@ -74,8 +76,6 @@ def build_pipeline_dag(
         s3_conn_id: ``aws`` connection with the remote store's credentials (None: the workers' environment).
         api_conn_id: ``http`` connection of Airflow's own REST API (URL, user, password) the failure callback writes
             the DAG run's note with (not defined, or None: no note; ``rlhf_pipeline.callbacks``).
-        heavy_queue: Executor queue of the tasks that load a tokenizer or a model (prepare_data, evaluate,
-            register_model): route them to workers built with the platform's worker dependencies.
         checkpoint_poke_s: Seconds between two checks for a new checkpoint.
         checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
         train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
@@ -93,7 +93,7 @@ def build_pipeline_dag(
     gate = approval_spec(approval)
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     on_failure = partial(on_task_failure, mlflow_conn_id=mlflow_conn_id, api_conn_id=api_conn_id)
-    heavy: dict[str, Any] = {"queue": heavy_queue} if heavy_queue else {}
+    heavy = partial(_heavy_job, ray_conn_id=ray_conn_id, conns=conns)
     with DAG(
         dag_id,
         schedule=schedule,
@@ -109,9 +109,14 @@ def build_pipeline_dag(
         # XCom references are typed Any: a task called with XComArgs (resolved at run time) does not type-check
         # against the function's parameters, and Airflow types a multiple_outputs result as unindexable.
         policy = dict(override_policy or {})
-        prepared: Any = task(task_id="prepare_data", outlets=[pipeline_asset(dag_id, "prepared_data")], **heavy)(
-            tasks.prepare_data
-        )(conns=conns, override_policy=policy)
+        prepared: Any = heavy(
+            "prepare_data",
+            job="prepare_data",
+            request={"override_policy": policy},
+            build_request=tasks.prepare_data_request,
+            on_result=tasks.prepared_data_done,
+            outlets=[pipeline_asset(dag_id, "prepared_data")],
+        ).output
         plan: Any = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
             prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
         )
@@ -124,12 +129,13 @@ def build_pipeline_dag(
             plan,
             tracking,
             conns=conns,
-            heavy={
-                **heavy,
-                "outlets": [pipeline_asset(dag_id, "checkpoint")],
-                "pool": cluster.name,
-                "pool_slots": cluster.eval_slots,
-            },
+            evaluate=partial(
+                heavy,
+                "evaluate_checkpoint",
+                outlets=[pipeline_asset(dag_id, "checkpoint")],
+                pool=cluster.name,
+                pool_slots=cluster.eval_slots,
+            ),
             poke_s=checkpoint_poke_s,
             timeout_s=checkpoint_timeout_s,
         )
@@ -137,15 +143,20 @@ def build_pipeline_dag(
             plan["layout"], conns=conns
         )
         [train, evaluations] >> retained
-        register = task(task_id="register_model", outlets=[pipeline_asset(dag_id, "registered_model")], **heavy)
-        registered: Any = register(tasks.register_model)(
-            plan["layout"],
-            plan["config"],
-            tracking["mlflow_run_id"],
-            plan["registered_model_name"],
-            conns=conns,
-            move_alias=not gate.enabled,  # with the gate, promote_champion moves it after the approval
-        )
+        registered: Any = heavy(
+            "register_model",
+            job="register",
+            request={
+                "layout": plan["layout"],
+                "config": plan["config"],
+                "mlflow_run_id": tracking["mlflow_run_id"],
+                "registered_name": plan["registered_model_name"],
+                "move": not gate.enabled,  # with the gate, promote_champion moves it after the approval
+            },
+            build_request=tasks.register_request,
+            on_result=tasks.registration_done,
+            outlets=[pipeline_asset(dag_id, "registered_model")],
+        ).output
         retained >> registered
         champion = task(task_id="promote_champion", outlets=[pipeline_asset(dag_id, "champion")])(
             tasks.promote_champion
@@ -179,19 +190,49 @@ def _train(
     )
 
 
+def _heavy_job(task_id: str, *, ray_conn_id: str, conns: dict[str, str | None], **kwargs: Any) -> RayTaskJobOperator:
+    """A task that loads a tokenizer or a model, as a Ray job on the cluster (``rlhf_airflow.task_jobs``)."""
+    return RayTaskJobOperator(
+        task_id=task_id,
+        ray_conn_id=ray_conn_id,
+        ray_address="{{ params.ray_address or '' }}",
+        s3_conn_id=conns["s3_conn_id"],
+        mlflow_conn_id=conns["mlflow_conn_id"],
+        deferrable=True,
+        poll_interval=2,
+        **kwargs,
+    )
+
+
 def _evaluations(
-    plan: Any, tracking: Any, *, conns: dict[str, str | None], heavy: dict[str, Any], poke_s: float, timeout_s: float
+    plan: Any,
+    tracking: Any,
+    *,
+    conns: dict[str, str | None],
+    evaluate: Any,
+    poke_s: float,
+    timeout_s: float,
 ) -> Any:
     """The ``evaluate`` group (wait for checkpoint N, evaluate it) mapped over the planned checkpoint steps."""
     wait = task.sensor(task_id="wait_for_checkpoint", mode="reschedule", poke_interval=poke_s, timeout=timeout_s)(
         tasks.wait_for_checkpoint
     )
-    evaluate = task(task_id="evaluate_checkpoint", max_active_tis_per_dagrun=1, **heavy)(tasks.evaluate_checkpoint)
 
     @task_group(group_id="evaluate")
     def evaluate_group(step: int) -> None:
         found: Any = wait(step=step, layout=plan["layout"], conns=conns)  # an XComArg (see build_pipeline_dag)
-        evaluate(found, plan["config"], plan["layout"], tracking["mlflow_run_id"], conns=conns)
+        evaluate(
+            job="evaluate",
+            request={
+                "found": found,
+                "config": plan["config"],
+                "layout": plan["layout"],
+                "mlflow_run_id": tracking["mlflow_run_id"],
+            },
+            build_request=tasks.evaluate_request,
+            on_result=tasks.evaluation_done,
+            max_active_tis_per_dagrun=1,
+        )
 
     steps = task(task_id="plan_evaluations")(tasks.plan_evaluations)(plan["checkpoint_steps"])
     return evaluate_group.expand(step=steps)

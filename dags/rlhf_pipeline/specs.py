@@ -16,7 +16,6 @@ A spec (every key but ``schedule`` is optional)::
     params: {keep_last: 1}              # defaults of any other form parameter
     tags: [weekly]
     connections: {ray: ray_default, mlflow: mlflow_default, s3: null, api: airflow_api}
-    heavy_queue: null
     max_active_runs: 1                  # concurrent runs of this DAG
     pool: {name: rlhf_cluster, slots: 4, train_slots: 1, eval_slots: 1}   # rlhf_airflow.pools
     approval: {enabled: false, timeout_hours: 72, assigned_users: []}    # rlhf_pipeline.approval
@@ -51,7 +50,6 @@ SPEC_KEYS = frozenset(
         "params",
         "tags",
         "connections",
-        "heavy_queue",
         "max_active_runs",
         "pool",
         "approval",
@@ -124,7 +122,6 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
         "param_defaults": params,
         "tags": ["scheduled", *[str(t) for t in spec.get("tags") or []]],
         "description": spec.get("description"),
-        "heavy_queue": spec.get("heavy_queue"),
         # Not a form parameter (the form's user must not widen it): passed to the preflight task by the DAG.
         "override_policy": {"extra_allowed": allowed, "trusted": params.get("overrides", []), "spec": str(source)},
         **{CONNECTION_KEYS[k]: v for k, v in conns.items()},

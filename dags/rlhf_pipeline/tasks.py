@@ -1,5 +1,10 @@
 """Task bodies of the RLHF pipeline: thin wrappers that call ``rlhf_ops.pipeline`` with values from the context.
 
+The tasks that load a tokenizer or a model (``prepare_data``, ``evaluate_checkpoint``, ``register_model``) are Ray
+jobs (``rlhf_airflow.task_jobs.RayTaskJobOperator``); here are only their requests (``*_request``) and what is done
+with their results on the Airflow side (``*_done``: Asset event extras). Every task in an Airflow process stays
+torch-free.
+
 Every import of the platform library happens inside a function, at run time: parsing a DAG file never
 imports torch, transformers or MLflow. Credentials come from Airflow connections (``job_env_from_connections``)
 and live in the environment only while the task runs; they never reach XCom, params or logs.
@@ -68,25 +73,25 @@ def _layout(params: Any, context: Mapping[str, Any]) -> Any:
         raise AirflowFailException(str(exc)) from None
 
 
-def prepare_data(
-    *, conns: Mapping[str, str | None], override_policy: Mapping[str, Any] | None = None, **context: Any
-) -> dict[str, Any]:
-    """Prepare this run's train/val files (idempotent: a retry rewrites the same run-keyed folder)."""
-    from rlhf_ops.config import ConfigError
-    from rlhf_ops.data.prepare import DataQualityError
-    from rlhf_ops.pipeline.data import prepare_for_run
-    from rlhf_ops.pipeline.layout import patched_environ
+def prepare_data_request(request: Mapping[str, Any], context: Any) -> Any:
+    """The ``prepare_data`` Ray job's request: the form's values, the run's layout, the DAG's override policy."""
+    from rlhf_airflow.task_jobs import JobRequest
 
     params = _params(context)
     layout = _layout(params, context)
-    with patched_environ(connection_env(**conns)):
-        try:
-            prepared = prepare_for_run(params, layout, override_policy=override_policy)
-        except (ConfigError, DataQualityError) as exc:
-            raise AirflowFailException(str(exc)) from None
+    body = {
+        "params": params.model_dump(mode="json"),
+        "layout": layout.to_dict(),
+        "override_policy": dict(request.get("override_policy") or {}),
+    }
+    return JobRequest(request=body, result_dir=layout.jobs_dir)
+
+
+def prepared_data_done(prepared: dict[str, Any], request: Mapping[str, Any], context: Any) -> None:
+    """The ``prepared_data`` Asset event's extras, from the job's result."""
     keys = ("run_url", "train_url", "val_url", "num_train", "num_val", "num_rejected", "manifest_url")
-    set_event_extra(context, "prepared_data", {k: prepared.get(k) for k in keys} | {"airflow_run_id": layout.run_key})
-    return prepared
+    run_key = request["layout"]["run_key"]
+    set_event_extra(context, "prepared_data", {k: prepared.get(k) for k in keys} | {"airflow_run_id": run_key})
 
 
 def check_ray(*, ray_conn_id: str, address: str | None) -> str:
@@ -203,34 +208,36 @@ def wait_for_checkpoint(
     return PokeReturnValue(is_done=True, xcom_value={"step": step, "location": found})
 
 
-def evaluate_checkpoint(
-    found: dict[str, Any],
-    config: dict[str, Any],
-    layout: dict[str, Any],
-    mlflow_run_id: str,
-    *,
-    conns: Mapping[str, str | None],
-    **context: Any,
-) -> dict[str, Any]:
-    """Evaluate one committed checkpoint; ``eval.json`` beside it, metrics to MLflow at its step."""
-    from rlhf_ops.pipeline.evaluate import evaluate_step
-    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
+def _gpus(config: Mapping[str, Any]) -> float | None:
+    """One GPU for a job whose driver loads the model, when the run trains on CUDA."""
+    return 1.0 if config["resources"]["device"] == "cuda" else None
+
+
+def evaluate_request(request: Mapping[str, Any], context: Any) -> Any:
+    """The ``evaluate`` Ray job's request: the found checkpoint, the run's config and layout, the form's settings."""
+    from rlhf_airflow.task_jobs import JobRequest
+    from rlhf_ops.pipeline.layout import RunLayout
 
     params = _params(context)
-    with patched_environ(connection_env(**conns)):
-        result = evaluate_step(
-            int(found["step"]),
-            location=str(found["location"]),
-            config=config,
-            layout=RunLayout.from_dict(layout),
-            mlflow_run_id=mlflow_run_id,
-            n_samples=params.eval_n_samples,
-            max_prompts=params.eval_max_prompts,
-        )
+    found, config = request["found"], request["config"]
+    body = {
+        "step": int(found["step"]),
+        "location": str(found["location"]),
+        "config": config,
+        "layout": request["layout"],
+        "mlflow_run_id": request["mlflow_run_id"],
+        "n_samples": params.eval_n_samples,
+        "max_prompts": params.eval_max_prompts,
+        "engine": params.eval_engine,
+    }
+    return JobRequest(request=body, result_dir=RunLayout.from_dict(request["layout"]).jobs_dir, num_gpus=_gpus(config))
+
+
+def evaluation_done(result: dict[str, Any], request: Mapping[str, Any], context: Any) -> None:
+    """The ``checkpoint`` Asset event's extras (step, location, headline metrics), from the job's result."""
     headline = {k: v for k, v in result["metrics"].items() if k in HEADLINE_METRICS}
-    extra = {"step": result["step"], "checkpoint": str(found["location"]), "metrics": headline}
-    set_event_extra(context, "checkpoint", extra | {"mlflow_run_id": mlflow_run_id})
-    return result
+    extra = {"step": result["step"], "checkpoint": request["location"], "metrics": headline}
+    set_event_extra(context, "checkpoint", extra | {"mlflow_run_id": request["mlflow_run_id"]})
 
 
 def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
@@ -251,43 +258,37 @@ def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], 
             raise AirflowFailException(str(exc)) from None
 
 
-def register_model(
-    layout: dict[str, Any],
-    config: dict[str, Any],
-    mlflow_run_id: str,
-    registered_name: str,
-    *,
-    conns: Mapping[str, str | None],
-    move_alias: bool = True,
-    **context: Any,
-) -> dict[str, Any]:
-    """Log the best checkpoint's HF export, register it, move ``champion`` only on a paired win (``promotion``).
+def register_request(request: Mapping[str, Any], context: Any) -> Any:
+    """The ``register`` Ray job's request: the run's layout and config, the form's metric and promotion test.
 
-    With ``move_alias=False`` (the approval gate is on) the decision is made and logged, and the alias waits for
+    ``request["move"]`` False (the approval gate is on): the job decides and logs, and the alias waits for
     ``promote_champion`` after the approval.
     """
-    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
-    from rlhf_ops.pipeline.register import register_best
+    from rlhf_airflow.task_jobs import JobRequest
+    from rlhf_ops.pipeline.layout import RunLayout
 
     params = _params(context)
-    with patched_environ(connection_env(**conns)):
-        try:
-            result = register_best(
-                RunLayout.from_dict(layout),
-                config=config,
-                mlflow_run_id=mlflow_run_id,
-                registered_name=registered_name,
-                metric=params.eval_metric,
-                promotion=params.promotion,
-                eval_n_samples=params.eval_n_samples,
-                eval_max_prompts=params.eval_max_prompts,
-                move=move_alias,
-            )
-        except ValueError as exc:  # no evaluated checkpoint, a metric without per-prompt scores
-            raise AirflowFailException(str(exc)) from None
+    body = {
+        "layout": request["layout"],
+        "config": request["config"],
+        "mlflow_run_id": request["mlflow_run_id"],
+        "registered_name": request["registered_name"],
+        "metric": params.eval_metric,
+        "promotion": params.promotion.model_dump(mode="json"),
+        "eval_n_samples": params.eval_n_samples,
+        "eval_max_prompts": params.eval_max_prompts,
+        "move": bool(request.get("move", True)),
+        "engine": params.eval_engine,
+    }
+    layout = RunLayout.from_dict(request["layout"])
+    return JobRequest(request=body, result_dir=layout.jobs_dir, num_gpus=_gpus(request["config"]))
+
+
+def registration_done(result: dict[str, Any], request: Mapping[str, Any], context: Any) -> None:
+    """The ``registered_model`` Asset event's extras, from the job's result."""
     keys = ("registered_name", "version", "model_uri", "best_step", "metric", "value", "summary")
-    set_event_extra(context, "registered_model", {k: result.get(k) for k in keys} | {"mlflow_run_id": mlflow_run_id})
-    return result
+    extra = {k: result.get(k) for k in keys} | {"mlflow_run_id": request["mlflow_run_id"]}
+    set_event_extra(context, "registered_model", extra)
 
 
 def promote_champion(

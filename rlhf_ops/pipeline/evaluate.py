@@ -46,12 +46,38 @@ def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None) -
     return None
 
 
-def eval_settings(config: Mapping[str, Any], *, n_samples: int, max_prompts: int) -> Any:
+EVAL_ENGINES = ("auto", "vllm", "hf")
+
+
+def eval_engine(config: Mapping[str, Any], engine: str = "auto") -> str:
+    """The generation engine of an evaluation: ``vllm`` (batched, the engine GPU runs train with) or ``hf``.
+
+    ``auto`` takes the run's ``rollout.engine``, so evaluation decodes with the engine training generated with
+    (vLLM on the GPU presets; HF on the tiny CPU preset, whose model vLLM's CPU attention cannot run). A vLLM
+    evaluation where vLLM is not installed falls back to HF, with a warning.
+
+    Raises:
+        ValueError: ``engine`` is not one of ``auto``, ``vllm``, ``hf``.
+    """
+    if engine not in EVAL_ENGINES:
+        raise ValueError(f"eval_engine={engine!r} must be one of {list(EVAL_ENGINES)}")
+    chosen = str(config["rollout"].get("engine") or "hf") if engine == "auto" else engine
+    if chosen == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            log.warning("vLLM is not installed on this node; evaluating with the HF engine instead")
+            return "hf"
+    return chosen
+
+
+def eval_settings(config: Mapping[str, Any], *, n_samples: int, max_prompts: int, engine: str = "auto") -> Any:
     """``EvalSettings`` from the run's rollout config and the form's evaluation values."""
     from rlhf_ops.evaluation.evaluator import EvalSettings
 
     rollout = config["rollout"]
     return EvalSettings(
+        engine=eval_engine(config, engine),
         max_prompts=max_prompts,
         n_samples=n_samples,
         max_new_tokens=int(rollout["max_new_tokens"]),
@@ -93,9 +119,11 @@ def evaluate_step(
     mlflow_run_id: str | None,
     n_samples: int,
     max_prompts: int,
+    engine: str = "auto",
     tracking_uri: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate committed checkpoint ``step`` (at ``location``: local path or remote URL).
+    """Evaluate committed checkpoint ``step`` (at ``location``: local path or remote URL) with ``engine``
+    (:func:`eval_engine`).
 
     Returns:
         ``{"step", "metrics", "eval_files"}`` (a small XCom; the full report is ``eval.json``).
@@ -118,10 +146,10 @@ def evaluate_step(
         base_model_path=base_model,
         tokenizer_path=resolve_model_path(tokenizer) if tokenizer else None,
     )
-    settings = eval_settings(config, n_samples=n_samples, max_prompts=max_prompts)
+    settings = eval_settings(config, n_samples=n_samples, max_prompts=max_prompts, engine=engine)
     report = evaluate_model(model_dir, eval_data(config), reward_fn=reward_fn, settings=settings)
     report.update(step=step, checkpoint=location)
     places = write_eval_report(report, step=step, local_dir=ckpt, layout=layout)
     if mlflow_run_id:
         log_eval_to_mlflow(report, run_id=mlflow_run_id, step=step, tracking_uri=tracking_uri)
-    return {"step": step, "metrics": report["metrics"], "eval_files": places}
+    return {"step": step, "metrics": report["metrics"], "eval_files": places, "engine": settings.engine}

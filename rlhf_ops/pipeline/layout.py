@@ -9,6 +9,7 @@ Under the shared work folder (a path every Airflow worker and Ray node can read,
         metrics.jsonl                          the trainer's JSONL metrics
     models/<registered name>/v<version>/       a champion downloaded for a warm start
     cache/<dag_id>/<run_key>/                  checkpoints downloaded from the remote store
+    jobs/<dag_id>/<run_key>/<submission>.json  the result of each heavy task's Ray job (rlhf_ops.pipeline.jobs)
 
 and, when ``remote_store_url`` is set, ``<remote_store_url>/<dag_id>/<run_key>/global_step_<N>/``.
 
@@ -113,6 +114,11 @@ class RunLayout:
     def export_dir(self, step: int) -> Path:
         """Where the HF export of ``global_step_<step>`` goes."""
         return Path(self.local_run_dir) / "exports" / f"global_step_{step}"
+
+    @property
+    def jobs_dir(self) -> str:
+        """Where the heavy tasks' Ray jobs write their results (``rlhf_ops.pipeline.jobs``)."""
+        return str(Path(self.work_dir) / "jobs" / self.dag_id / self.run_key)
 
     @property
     def checkpoint_url(self) -> str:

@@ -165,6 +165,12 @@ class PipelineParams(BaseModel):
     eval_max_prompts: int = Field(
         128, ge=1, description="Validation prompts evaluated per checkpoint.", json_schema_extra=_in(EVAL)
     )
+    eval_engine: Literal["auto", "vllm", "hf"] = Field(
+        "auto",
+        description="Generation engine of the evaluations (a Ray job each): vllm (batched), hf (CPU fallback); "
+        "auto: the run's rollout.engine.",
+        json_schema_extra=_in(EVAL),
+    )
     eval_metric: str = Field(
         "eval/reward/mean",
         pattern="^eval/.+",

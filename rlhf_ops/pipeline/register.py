@@ -34,20 +34,22 @@ def register_best(
     eval_n_samples: int = 4,
     eval_max_prompts: int = 128,
     move: bool = True,
+    engine: str = "auto",
     tracking_uri: str | None = None,
 ) -> dict[str, Any]:
     """Register the run's best checkpoint; move the champion alias only on a win that holds on the eval set.
 
-    The best checkpoint and the champion decision come from the paired test of :mod:`rlhf_ops.pipeline.promotion`
-    (``promotion``; its metric defaults to ``metric``). With ``move=False`` (the approval gate) the decision is
-    made and logged and the alias waits for :func:`rlhf_ops.pipeline.champion.move_champion`.
+        The best checkpoint and the champion decision come from the paired test of :mod:`rlhf_ops.pipeline.promotion`
+        (``promotion``; its metric defaults to ``metric``). With ``move=False`` (the approval gate) the decision is
+        made and logged and the alias waits for :func:`rlhf_ops.pipeline.champion.move_champion`. The champion is
+    evaluated with ``engine`` (:func:`rlhf_ops.pipeline.evaluate.eval_engine`), as the checkpoints were.
 
-    Returns:
-        ``{"best_step", "metric", "value", "model_uri", "registered_name", "version", "champion_version",
-        "decision", "summary", "checkpoint_decisions", "promote", "promoted"}``.
+        Returns:
+            ``{"best_step", "metric", "value", "model_uri", "registered_name", "version", "champion_version",
+            "decision", "summary", "checkpoint_decisions", "promote", "promoted"}``.
 
-    Raises:
-        ValueError: no checkpoint of the run was evaluated, or the metric has no per-prompt scores.
+        Raises:
+            ValueError: no checkpoint of the run was evaluated, or the metric has no per-prompt scores.
     """
     from rlhf_ops.pipeline.champion import decide, move_champion
     from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
@@ -74,7 +76,7 @@ def register_best(
 
         model_dir = download_champion(registered_name, models_dir=layout.models_dir, tracking_uri=tracking_uri)
         assert model_dir is not None  # called only when a champion exists
-        settings = eval_settings(config, n_samples=eval_n_samples, max_prompts=eval_max_prompts)
+        settings = eval_settings(config, n_samples=eval_n_samples, max_prompts=eval_max_prompts, engine=engine)
         return evaluate_model(model_dir, eval_data(config), reward_fn=config["reward"]["reward_fn"], settings=settings)
 
     result = decide(

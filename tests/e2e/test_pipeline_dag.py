@@ -66,7 +66,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             }
         )
         try:
-            yield {"tracking_uri": tracking_uri, "dashboard": head.url, "s3": moto.client()}
+            yield {"tracking_uri": tracking_uri, "dashboard": head.url, "s3": moto.client(), "ray_token": token}
         finally:
             head.stop()
             os.environ.clear()
@@ -112,8 +112,17 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
     from rlhf_airflow.pools import ensure_pools, pools_of
 
     ensure_pools(pools_of(bag.dags.values()))  # as a deployer would (dag.test() itself ignores pools)
-    dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)
-    return {"dag_run": dag_run, "xcom": lambda task, key="return_value": _xcom(dag_run.run_id, task, key)}
+    heavy_before = _heavy_modules()
+    dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)  # every Airflow-side task runs in this process
+    return {
+        "dag_run": dag_run,
+        "xcom": lambda task, key="return_value": _xcom(dag_run.run_id, task, key),
+        "heavy_modules": (heavy_before, _heavy_modules()),
+    }
+
+
+def _heavy_modules() -> list[str]:
+    return sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
 
 
 def _xcom(run_id: str, task_id: str, key: str) -> Any:
@@ -153,6 +162,33 @@ def test_pipeline_succeeds_every_task(pipeline_run: dict[str, Any]) -> None:
         "evaluate.evaluate_checkpoint[0]",
         "evaluate.evaluate_checkpoint[1]",
     }
+
+
+def test_heavy_tasks_ran_as_ray_jobs_and_the_airflow_side_imported_no_torch(
+    pipeline_run: dict[str, Any], services: dict[str, Any]
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    from rlhf_airflow.operators import derive_submission_id
+
+    client = JobSubmissionClient(services["dashboard"], headers={"Authorization": f"Bearer {services['ray_token']}"})
+    run_id = pipeline_run["dag_run"].run_id
+    jobs = {j.submission_id: j for j in client.list_jobs() if (j.metadata or {}).get("airflow_run_id") == run_id}
+    heavy = {
+        ("prepare_data", -1): "prepare_data",
+        ("evaluate.evaluate_checkpoint", 0): "evaluate",
+        ("evaluate.evaluate_checkpoint", 1): "evaluate",
+        ("register_model", -1): "register",
+    }
+    for (task_id, index), job in heavy.items():
+        sid = derive_submission_id(dag_id="rlhf_ppo", run_id=run_id, task_id=task_id, map_index=index)
+        assert jobs[sid].status == "SUCCEEDED" and f"pipeline-job {job}" in jobs[sid].entrypoint, sid
+    assert len(jobs) == len(heavy) + 1  # and train; no retries
+    before, after = pipeline_run["heavy_modules"]
+    if before:
+        pytest.skip(f"an earlier test of this session imported {before}; run this module on its own")
+    # dag.test() ran every Airflow-side task (the heavy tasks' submissions and result reads included) here.
+    assert after == [], f"the Airflow-side tasks imported {after}"
 
 
 def test_train_and_evaluations_ran_in_the_cluster_pool(pipeline_run: dict[str, Any]) -> None:

@@ -241,3 +241,71 @@ def _decode(value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
     except ValueError:
         return value
+
+
+class _TaskInstance:
+    """The task instance fields RayJobOperator reads, and the XComs it pushes (no metadata DB needed)."""
+
+    def __init__(self, *, dag_id: str, run_id: str, task_id: str) -> None:
+        self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number = dag_id, run_id, task_id, -1, 1
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def _prepare_job(tmp_path: Any, **params: Any) -> tuple[Any, dict[str, Any]]:
+    """A ``prepare_data`` heavy-task operator on ``params`` (polling in this process) and its task context."""
+    from rlhf_airflow.task_jobs import JobRequest, RayTaskJobOperator
+    from rlhf_ops.pipeline.layout import RunLayout
+    from rlhf_ops.pipeline.params import PipelineParams
+
+    run_id = _unique("manual")
+    layout = RunLayout.for_run(dag_id="it_heavy", run_id=run_id, work_dir=str(tmp_path))
+    body = {"params": PipelineParams(**params).model_dump(mode="json"), "layout": layout.to_dict()}
+    op = RayTaskJobOperator(
+        task_id="prepare_data",
+        job="prepare_data",
+        build_request=lambda request, context: JobRequest(request=body, result_dir=layout.jobs_dir),
+        ray_conn_id=CONN_ID,
+        deferrable=False,
+        poll_interval=0.5,
+    )
+    return op, {"ti": _TaskInstance(dag_id="it_heavy", run_id=run_id, task_id="prepare_data")}
+
+
+def test_heavy_task_job_returns_its_result_file_and_a_retry_reattaches(ray_head: str, tmp_path: Any) -> None:
+    hook = RayJobHook(CONN_ID)
+    op, context = _prepare_job(tmp_path, dataset_url="builtin:copy_digit", val_fraction=0.25)
+    prepared = op.execute(context)  # type: ignore[arg-type]  # a real Ray job: tokenizer, split, Parquet files
+    submission_id = context["ti"].xcoms["ray_submission_id"]
+    assert submission_id == derive_submission_id(
+        dag_id="it_heavy", run_id=context["ti"].run_id, task_id="prepare_data"
+    )
+    assert prepared["num_train"] > 0 and prepared["train_url"].endswith("train.parquet")
+    assert "pipeline-job prepare_data" in hook.info(submission_id).entrypoint
+    # A retry of the task instance finds the finished job: nothing is submitted, the same result comes back.
+    jobs = _submission_ids(hook)
+    assert op.execute(context) == prepared  # type: ignore[arg-type]
+    assert _submission_ids(hook) == jobs
+
+
+def test_heavy_task_job_user_mistake_fails_at_once_and_a_retry_reads_its_own_result(
+    ray_head: str, tmp_path: Any
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from rlhf_ops.pipeline.job_results import read_result
+
+    # A form override that the pipeline refuses: the job exits 2 with a non-retryable error in its result file.
+    op, context = _prepare_job(tmp_path, overrides=["data.train_files=[/etc/passwd]"])
+    message = "'data.train_files' may not be set from this pipeline's trigger form"
+    with pytest.raises(AirflowFailException, match=message):
+        op.execute(context)  # type: ignore[arg-type]
+    base = context["ti"].xcoms["ray_submission_id"]
+    # Cleared by a user: the failed job is not re-attached; -retry1 runs and writes its own result file.
+    with pytest.raises(AirflowFailException, match=message):
+        op.execute(context)  # type: ignore[arg-type]
+    assert context["ti"].xcoms["ray_submission_id"] == f"{base}-retry1"
+    result_dir = op.build_request({}, context).result_dir
+    assert {read_result(result_dir, sid)["status"] for sid in (base, f"{base}-retry1")} == {"error"}  # type: ignore[index]

@@ -1,7 +1,7 @@
 """The deployment on this machine: ``scripts/stack.sh`` builds the images (reused when their inputs did not
 change), starts the whole stack in podman containers, and ``rlhf_ppo`` triggered through the Airflow REST API
 runs end to end across them on tiny-cpu (4 steps, a checkpoint every 2): training as a Ray job on the
-containerised Ray cluster, the torch tasks on the CPU worker's Airflow Celery worker (``heavy_queue``),
+containerised Ray cluster, and so are the torch tasks (prepare_data, evaluate_checkpoint, register_model),
 checkpoints and ``eval.json`` in the moto S3 container, the model registered in the MLflow container. Then
 ``down`` leaves no container or volume of the stack behind.
 

@@ -79,7 +79,8 @@ def test_scheduled_specs(dagbag: Any) -> None:
     gpu = dagbag.dags["rlhf_qwen2_5_0_5b_grpo_gpu_daily"]
     assert gpu.params["preset"] == "qwen2.5-0.5b-grpo-gpu"
     assert gpu.params["field_map"] == {"prompt": "question", "ground_truth": "answer"}
-    assert gpu.get_task("evaluate.evaluate_checkpoint").queue == "gpu"
+    # its heavy tasks are Ray jobs like training (no executor queue of their own)
+    assert gpu.get_task("evaluate.evaluate_checkpoint").queue == gpu.get_task("train").queue
     # the spec's cluster pool: training holds a node's 8 GPUs, each evaluation one; one run at a time
     assert (gpu.get_task("train").pool, gpu.get_task("train").pool_slots) == ("gpu_cluster", 8)
     assert (gpu.get_task("evaluate.evaluate_checkpoint").pool_slots, gpu.max_active_runs) == (1, 1)

@@ -143,6 +143,13 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
         "Validation prompts evaluated per checkpoint.",
         {"type": "integer", "minimum": 1},
     ),
+    "eval_engine": (
+        "auto",
+        _EVAL,
+        "Generation engine of the evaluations (a Ray job each): vllm (batched), hf (CPU fallback); "
+        "auto: the run's rollout.engine.",
+        {"type": "string", "enum": ["auto", "vllm", "hf"]},
+    ),
     "eval_metric": (
         "eval/reward/mean",
         _EVAL,

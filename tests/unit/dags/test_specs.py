@@ -116,7 +116,7 @@ def test_approval_off_by_default_leaves_no_gate_and_register_moves_the_alias() -
     dag = build_pipeline_dag(**spec_to_kwargs({"schedule": None}, source=Path("specs/plain.yaml")))
     assert "approve_champion" not in dag.task_ids
     assert dag.get_task("promote_champion").upstream_task_ids == {"register_model", "start_tracking"}
-    assert dag.get_task("register_model").op_kwargs["move_alias"] is True
+    assert dag.get_task("register_model").request["move"] is True
 
 
 def test_approval_on_puts_the_gate_between_register_and_the_alias_move() -> None:
@@ -133,7 +133,7 @@ def test_approval_on_puts_the_gate_between_register_and_the_alias_move() -> None
     assert gate.upstream_task_ids == {"register_model"}
     up = dag.get_task("promote_champion").upstream_task_ids
     assert up == {"approve_champion", "register_model", "start_tracking"}
-    assert dag.get_task("register_model").op_kwargs["move_alias"] is False  # the alias waits for the approval
+    assert dag.get_task("register_model").request["move"] is False  # the alias waits for the approval
     assert (gate.options, gate.defaults) == (["Approve", "Reject"], ["Reject"])  # a timeout rejects
     assert gate.response_timeout == timedelta(hours=24)
     assert gate.assigned_users == [{"id": "alice", "name": "alice"}]

@@ -70,6 +70,11 @@ def test_compose_config_renders_with_the_example_env() -> None:
     assert services["airflow-triggerer"]["healthcheck"]["test"][1].endswith('--hostname "${HOSTNAME}"')
     assert services["airflow-init"]["restart"] == "no"
     assert services["mlflow"]["ports"] == ["127.0.0.1:5000:5000"]
+    # The heavy tasks are Ray jobs: the task processes (LocalExecutor: the scheduler) only read their results,
+    # from the work folder on the volume the Ray nodes write.
+    assert env["RLHF_WORK_DIR"] == "/checkpoints/pipelines"
+    assert "checkpoints:/checkpoints:ro" in services["airflow-scheduler"]["volumes"]
+    assert "checkpoints:/checkpoints" in services["ray-head"]["volumes"]
 
 
 def test_compose_config_without_env_names_the_missing_secret() -> None:

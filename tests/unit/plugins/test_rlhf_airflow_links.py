@@ -44,6 +44,7 @@ def test_plugins_folder_loads_only_rlhf_plugin_with_the_three_links() -> None:
     from airflow._shared.plugins_manager.plugins_manager import _load_plugins_from_plugin_directory
 
     from rlhf_airflow.operators import RayJobOperator
+    from rlhf_airflow.task_jobs import RayTaskJobOperator
 
     # Load the folder the way Airflow does (each .py file becomes a top-level module named after it).
     plugins, errors = _load_plugins_from_plugin_directory(str(PLUGINS_DIR))
@@ -55,7 +56,7 @@ def test_plugins_folder_loads_only_rlhf_plugin_with_the_three_links() -> None:
     assert plugin.name == "rlhf"
     links = plugin.operator_extra_links
     assert [type(link) for link in links] == [RayJobLink, MlflowRunLink, CheckpointFolderLink]
-    assert all(link.operators == [RayJobOperator] for link in links)
+    assert all(link.operators == [RayJobOperator, RayTaskJobOperator] for link in links)
     # Same names as the operator's own links, so the plugin's (DB-reading) versions win in the API server.
     assert {link.name for link in links} == {link.name for link in RayJobOperator.operator_extra_links}
 

@@ -1,0 +1,64 @@
+"""The heavy tasks' Airflow side (request, result handling) is torch-free, and their requests are what the jobs read.
+
+The jobs themselves run in ``tests/integration/test_ray_job_operator.py`` (re-attach, user mistakes) and the whole
+pipeline in ``tests/e2e/test_pipeline_dag.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.airflow_env import configure_airflow_env
+
+ROOT = Path(__file__).resolve().parents[3]
+
+_CODE = """
+import json, sys, types
+from rlhf_pipeline.factory import build_pipeline_dag
+from rlhf_airflow.task_jobs import RayTaskJobOperator
+from rlhf_ops.pipeline.job_results import job_entrypoint
+from rlhf_ops.pipeline.layout import RunLayout
+
+dag = build_pipeline_dag("d")
+heavy = {t.task_id: t for t in dag.tasks if isinstance(t, RayTaskJobOperator)}
+assert sorted(heavy) == ["evaluate.evaluate_checkpoint", "prepare_data", "register_model"], sorted(heavy)
+params = {k: dag.params[k] for k in dag.params}
+params["work_dir"] = WORK
+ctx = {"dag": dag, "run_id": "manual__1", "params": params}
+prep = heavy["prepare_data"].build_request({"override_policy": {"extra_allowed": ["model.lora.*"]}}, ctx)
+layout = RunLayout.from_dict(prep.request["layout"])
+assert prep.result_dir == layout.jobs_dir and prep.request["override_policy"]["extra_allowed"] == ["model.lora.*"]
+assert prep.request["params"]["preset"] == "tiny-cpu" and prep.num_gpus is None
+config = {"resources": {"device": "cuda"}, "rollout": {"engine": "vllm"}}
+found = {"step": 2, "location": "s3://b/run/global_step_2"}
+ev = heavy["evaluate.evaluate_checkpoint"].build_request(
+    {"found": found, "config": config, "layout": layout.to_dict(), "mlflow_run_id": "abc"}, ctx
+)
+assert (ev.request["step"], ev.request["engine"], ev.num_gpus) == (2, "auto", 1.0)
+reg = heavy["register_model"].build_request(
+    {"layout": layout.to_dict(), "config": config, "mlflow_run_id": "abc", "registered_name": "m", "move": False}, ctx
+)
+assert reg.request["move"] is False and reg.request["metric"] == "eval/reward/mean"
+json.dumps([prep.request, ev.request, reg.request])  # what goes into $RLHF_JOB_REQUEST
+print(job_entrypoint("evaluate", ev.result_dir))
+heavy_mods = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
+assert not heavy_mods, heavy_mods
+print("ok")
+"""
+
+
+def test_heavy_task_requests_are_built_without_torch(tmp_path: Path) -> None:
+    env = {**os.environ, "AIRFLOW_HOME": str(configure_airflow_env())}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "plugins"), str(ROOT / "dags"), env.get("PYTHONPATH", "")]
+    )
+    code = f"WORK = {str(tmp_path)!r}\n{_CODE}"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "ok" and "pipeline-job evaluate --result-dir" in lines[-2]
