@@ -48,7 +48,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlhf_ops.models.builtin import resolve_model_path
+    from rlhf_ops.models.resolve import resolve_model_path
     from workers.actor.forward import _padded_logits, _token_log_probs, response_log_probs
 
     model = AutoModelForCausalLM.from_pretrained(
