@@ -116,3 +116,26 @@ def balance_batch_across_dp(attention_mask: Tensor, dp_size: int) -> Tensor:
         )
     groups = karmarkar_karp(seqlens, dp_size, equal_size=True)
     return torch.tensor([i for g in groups for i in g], dtype=torch.long)
+
+
+def balance_groups_across_dp(attention_mask: Tensor, group_ids: Sequence[object], dp_size: int) -> Tensor | None:
+    """Like :func:`balance_batch_across_dp`, but moving whole groups (the samples of one prompt): every rank gets
+    the same number of equal-size groups, their rows contiguous and in order, so a micro-batch of n rows holds one
+    prompt's n samples (``actor.share_prompt_prefix`` forwards that prompt once). None when the groups cannot be
+    dealt out evenly (unequal sizes, or a count ``dp_size`` does not divide): balance rows instead.
+
+    Args:
+        attention_mask: (B, T) 1 on valid tokens.
+        group_ids: (B,) the group of each row (GRPO's ``uid``); a group's rows need not be adjacent.
+        dp_size: Data-parallel ranks.
+    """
+    members: dict[object, list[int]] = {}
+    for row, gid in enumerate(group_ids):
+        members.setdefault(gid, []).append(row)
+    groups = list(members.values())
+    if dp_size < 1 or len(groups) % dp_size or len({len(g) for g in groups}) != 1:
+        return None
+    seqlens = attention_mask.sum(dim=-1).tolist()  # (B,)
+    totals = [sum(seqlens[i] for i in g) for g in groups]
+    parts = karmarkar_karp(totals, dp_size, equal_size=True)
+    return torch.tensor([row for part in parts for g in part for row in groups[g]], dtype=torch.long)

@@ -253,6 +253,13 @@ class ActorConfig(Section):
     use_remove_padding: bool = Field(False, description="Run forward on packed sequences (no pad tokens).")
     ulysses_sequence_parallel_size: int = Field(1, gt=0, description="Ranks sharing one sequence (Ulysses).")
     shuffle: bool = Field(False, description="Shuffle sequences before splitting into mini-batches.")
+    share_prompt_prefix: bool = Field(
+        False,
+        description="Forward each distinct prompt of a micro-batch once and attend its rollout.n responses to it "
+        "(one packed row with an explicit mask): exact, and the prompt's share of the actor's and the reference's "
+        "forward/backward drops n-fold. Needs attn_implementation sdpa or eager, no Ulysses, a text policy; "
+        "micro-batches should hold whole groups (ppo_micro_batch_size_per_gpu a multiple of rollout.n).",
+    )
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 

@@ -28,6 +28,26 @@ def _micro_does_not_divide(per_rank: int, micro: int) -> bool:
     return micro < per_rank and per_rank % micro != 0
 
 
+def _check_shared_prompts(run: RunConfig, problems: list[ConfigProblem]) -> None:
+    """``actor.share_prompt_prefix`` packs rows into one sequence with an explicit attention mask."""
+    if run.actor.ulysses_sequence_parallel_size > 1:
+        problems.append(
+            ConfigProblem(
+                "actor.share_prompt_prefix",
+                "Ulysses shards a packed row by position, which a shared prompt's mask does not allow",
+                "set actor.share_prompt_prefix=false or actor.ulysses_sequence_parallel_size=1",
+            )
+        )
+    if run.model.attn_implementation == "flash_attention_2":
+        problems.append(
+            ConfigProblem(
+                "actor.share_prompt_prefix",
+                "FlashAttention takes no explicit attention mask, which shared prompts need",
+                "set model.attn_implementation=sdpa, or actor.share_prompt_prefix=false (use remove padding instead)",
+            )
+        )
+
+
 def _check_ppo_sizes(
     section: str, cfg: ActorConfig | CriticConfig, run: RunConfig, problems: list[ConfigProblem]
 ) -> None:
@@ -50,6 +70,8 @@ def _check_ppo_sizes(
                 f"set {section}.use_remove_padding=true",
             )
         )
+    if isinstance(cfg, ActorConfig) and cfg.share_prompt_prefix:
+        _check_shared_prompts(run, problems)
     dp = world // sp
     bsz = run.data.train_batch_size
     if bsz % cfg.ppo_mini_batch_size:
@@ -325,6 +347,12 @@ def _check_vision_language(run: RunConfig, problems: list[ConfigProblem]) -> Non
             "actor.ulysses_sequence_parallel_size",
             f"Ulysses does not shard image tokens {what}",
             "set 1",
+        ),
+        (
+            run.actor.share_prompt_prefix,
+            "actor.share_prompt_prefix",
+            f"a prompt's image features are not shared across its responses {what}",
+            "set false",
         ),
         (
             run.model.lora.rank > 0,

@@ -53,6 +53,7 @@ def _eval_model(args: argparse.Namespace) -> int:
             files=args.data,
             max_prompt_length=args.max_prompt_length,
             apply_chat_template=not args.no_chat_template,
+            toy_rows=max(EvalData.toy_rows, args.max_prompts),  # a builtin set holds --max-prompts rows
         )
         report = evaluate_model(resolve_model_path(args.model), data, reward_fn=args.reward_fn, settings=settings)
     except ValueError as exc:

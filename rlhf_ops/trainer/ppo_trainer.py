@@ -50,15 +50,21 @@ class TrainerState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def balance_tokens_across_ranks(batch: DataProto, *, dp_size: int) -> tuple[DataProto, float]:
+def balance_tokens_across_ranks(
+    batch: DataProto, *, dp_size: int, keep_groups: bool = False
+) -> tuple[DataProto, float]:
     """Reorders rows so each data-parallel chunk holds about the same number of tokens (verl's
-    ``_balance_batch``); returns the batch and max/min tokens per rank after balancing."""
-    from rlhf_ops.seqlen_balancing import balance_batch_across_dp
+    ``_balance_batch``); returns the batch and max/min tokens per rank after balancing. With ``keep_groups``
+    whole ``uid`` groups move together (``actor.share_prompt_prefix``), where they deal out evenly."""
+    from rlhf_ops.seqlen_balancing import balance_batch_across_dp, balance_groups_across_dp
 
     mask = batch.tensors["attention_mask"]
     if dp_size <= 1 or len(batch) % dp_size:
         return batch, 1.0
-    balanced = batch.reorder(balance_batch_across_dp(mask, dp_size))
+    order = None
+    if keep_groups and "uid" in batch.non_tensor_batch:
+        order = balance_groups_across_dp(mask, list(batch.non_tensor_batch["uid"]), dp_size)
+    balanced = batch.reorder(order if order is not None else balance_batch_across_dp(mask, dp_size))
     per_rank = balanced.tensors["attention_mask"].sum(-1).view(dp_size, -1).sum(-1).float()
     return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
 
@@ -250,7 +256,9 @@ class PPOTrainer:
     ) -> dict[str, float]:
         """Every stage after generation, on the generated ``batch``; ``start`` is the step's start (throughput)."""
         if self.config.trainer.balance_batch:
-            batch, imbalance = balance_tokens_across_ranks(batch, dp_size=self.plan.actor.mesh.dp_size)
+            batch, imbalance = balance_tokens_across_ranks(
+                batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self.config.actor.share_prompt_prefix
+            )
             metrics["perf/dp_token_imbalance"] = imbalance
         batch, extra = self._score(batch, timer)
         scores = batch.tensors["token_level_scores"].sum(-1)
@@ -312,7 +320,7 @@ class PPOTrainer:
         metrics.update(ds_metrics)
         if self.config.trainer.balance_batch:  # the rows changed: balance them again
             batch, metrics["perf/dp_token_imbalance"] = balance_tokens_across_ranks(
-                batch, dp_size=self.plan.actor.mesh.dp_size
+                batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self.config.actor.share_prompt_prefix
             )
         return batch
 

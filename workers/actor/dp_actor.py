@@ -41,6 +41,7 @@ from workers.sp.ulysses import ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, all_reduce
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
 from workers.utils.micro_batch import split_mini_batches
+from workers.utils.shared_prompt import forwarded_lengths
 
 __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
 
@@ -173,6 +174,7 @@ class DataParallelPPOActor:
             keep_logits=self._keep_logits,
             sp_group=self.sp_group,
             pixel_values=pixel_values,
+            share_prompts=self.config.share_prompt_prefix,
         )
 
     def compute_log_prob(
@@ -277,7 +279,7 @@ class DataParallelPPOActor:
                 planned = len(minis) * self.plan.ppo_epochs
                 for mini in minis:
                     step_tokens, stopped = self._update_mini_batch(mini, acc, temperature=temperature)
-                    self.last_update_seq_lens += mini.batch["attention_mask"].sum(-1).tolist()  # type: ignore[index]
+                    self.last_update_seq_lens += self._forwarded_lengths(mini)
                     tokens += step_tokens
                     if stopped:
                         break
@@ -294,6 +296,16 @@ class DataParallelPPOActor:
             metrics[ROLLOUT_DIFF_MAX] = all_reduce(self._diff_max, op=dist.ReduceOp.MAX, group=self.dp_group).item()
             self._diff_max = None
         return metrics
+
+    def _forwarded_lengths(self, mini: DataProto) -> list[int]:
+        """Token lengths the update's forwards ran on (shared prompts count once), for the FLOP count."""
+        batch = mini.batch
+        assert batch is not None
+        if self.config.share_prompt_prefix:
+            return forwarded_lengths(
+                batch["input_ids"], batch["attention_mask"], response_length=batch["responses"].shape[-1]
+            )
+        return batch["attention_mask"].sum(-1).tolist()
 
     def _kl_early_stop(self, kl_sum: Tensor, kl_tokens: Tensor) -> bool:
         """True on every rank when the mini-batch's global k3 KL exceeds ``kl_early_stop_factor x ppo_target_kl``.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 
+import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -26,9 +27,23 @@ from rlhf_ops.algorithms import logprobs_and_entropy
 from workers.sp.ulysses import sp_world_size
 from workers.utils.forward_runner import forward_packed
 from workers.utils.remove_padding import pack_sequences, scatter_response
+from workers.utils.shared_prompt import pack_shared_prompts
 from workers.utils.trim_padding import trim_padding_columns
 
-__all__ = ["response_log_probs", "supports_logits_to_keep"]
+__all__ = ["response_log_probs", "shared_prompt_mask_dtype", "supports_logits_to_keep"]
+
+
+def shared_prompt_mask_dtype(module: nn.Module) -> torch.dtype:
+    """The explicit attention mask's dtype for the model's attention: bool for sdpa, additive fp32 for eager."""
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None) or "sdpa"
+    if impl == "sdpa":
+        return torch.bool
+    if impl == "eager":
+        return torch.float32
+    raise ValueError(
+        f"actor.share_prompt_prefix needs an explicit attention mask, which attn_implementation={impl!r} does not "
+        "take; set model.attn_implementation=sdpa (or eager), or actor.share_prompt_prefix=false"
+    )
 
 
 def supports_logits_to_keep(module: nn.Module) -> bool:
@@ -85,6 +100,7 @@ def response_log_probs(
     keep_logits: bool = True,
     sp_group: dist.ProcessGroup | None = None,
     pixel_values: Tensor | None = None,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) of the response tokens of one micro-batch.
 
@@ -104,6 +120,8 @@ def response_log_probs(
             packed, the model needs ``enable_ulysses_attention``, and with activation checkpointing a
             ``ulysses_sequence_parallel`` block must stay open around the backward (recomputed attention).
         pixel_values: (b, k, C, H, W) images of a vision-language policy (not with Ulysses), else None.
+        share_prompts: Forward each distinct prompt of the micro-batch once (``workers.utils.shared_prompt``);
+            falls back to the padded or packed forward when no prompt repeats (not with Ulysses or images).
 
     Returns:
         ``(log_probs (b, R) fp32, entropy (b, R) fp32 or None)``. Columns outside the response mask hold
@@ -116,7 +134,7 @@ def response_log_probs(
             "actor.ulysses_sequence_parallel_size > 1 does not shard image tokens; set it to 1 for a "
             "vision-language policy"
         )
-    if not (use_remove_padding or sp):  # Ulysses always shards the packed row (use_remove_padding implied)
+    if not (use_remove_padding or sp or share_prompts):  # Ulysses always shards the packed row
         trim = trim_padding_columns(input_ids, attention_mask, position_ids, response_length=response_length)
         logits, labels = _padded_logits(
             module,
@@ -129,7 +147,29 @@ def response_log_probs(
         )
         log_probs, entropy = _token_log_probs(logits, labels, temperature=temperature, **stats)
         return trim.restore(log_probs), None if entropy is None else trim.restore(entropy)
-    packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+    packed = None
+    if share_prompts and not sp and pixel_values is None:
+        packed = pack_shared_prompts(
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length=response_length,
+            mask_dtype=shared_prompt_mask_dtype(module),
+        )
+        if packed is None and not use_remove_padding:  # no prompt repeats: the padded forward as usual
+            return response_log_probs(
+                module,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                response_length=response_length,
+                temperature=temperature,
+                calculate_entropy=calculate_entropy,
+                entropy_requires_grad=entropy_requires_grad,
+                keep_logits=keep_logits,
+            )
+    if packed is None:
+        packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
     media = None if pixel_values is None else {"pixel_values": pixel_values.flatten(0, 1)}
     fwd = forward_packed(module, packed, sp_group=sp_group, keep_logits=keep_logits, media=media)
     log_probs, entropy = _token_log_probs(fwd.outputs, fwd.labels, temperature=temperature, **stats)

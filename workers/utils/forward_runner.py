@@ -163,7 +163,11 @@ def forward_packed(
     if keep_logits:
         extra["logits_to_keep"] = packed.keep
     out = module(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False, **extra
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=packed.attention_mask,
+        use_cache=False,
+        **extra,
     )
     outputs = out.logits[0] if keep_logits else out.logits[0, packed.keep]  # (K, ...)
     return PackedForward(outputs, packed.labels, lambda values: values)

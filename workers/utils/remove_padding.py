@@ -36,6 +36,8 @@ class PackedBatch:
     """(K,) batch row of each kept position."""
     cols: Tensor
     """(K,) response column (0 .. R - 1) of the token each kept position predicts."""
+    attention_mask: Tensor | None = None
+    """(1, 1, N, N) explicit mask (``workers.utils.shared_prompt``); None: block-diagonal from the positions."""
 
 
 def pack_sequences(

@@ -135,6 +135,14 @@ def test_sequence_parallel_needs_remove_padding() -> None:
     assert "set actor.use_remove_padding=true" in problems["actor.use_remove_padding"]
 
 
+def test_shared_prompts_refuse_ulysses_and_flash_attention() -> None:
+    sp = ["actor.share_prompt_prefix=true", "actor.ulysses_sequence_parallel_size=2", "actor.use_remove_padding=true"]
+    assert "actor.ulysses_sequence_parallel_size=1" in _problems(sp)["actor.share_prompt_prefix"]
+    fa2 = _problems(["actor.share_prompt_prefix=true", "model.attn_implementation=flash_attention_2"])
+    assert "set model.attn_implementation=sdpa" in fa2["actor.share_prompt_prefix"]
+    assert load_config("tiny-cpu", ["actor.share_prompt_prefix=true"]).actor.share_prompt_prefix
+
+
 def test_hsdp_replicate_must_divide_world() -> None:
     problems = _problems(["actor.fsdp.hsdp_replicate_size=3"])
     assert "actor.fsdp.hsdp_replicate_size" in problems

@@ -52,6 +52,7 @@ def test_explicit_modality_that_contradicts_the_model_is_refused(tmp_path: Path)
             "set 1",
         ),
         (["model.lora.rank=8"], "model.lora.rank", "set 0 (full fine-tuning)"),
+        (["actor.share_prompt_prefix=true"], "actor.share_prompt_prefix", "set false"),
     ],
 )
 def test_what_a_vision_language_policy_cannot_use_is_refused(overrides: list[str], key: str, fix: str) -> None:
