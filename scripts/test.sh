@@ -23,7 +23,7 @@ marker="not slow"
 [ "${RLHF_TEST_SLOW:-0}" = "1" ] && marker=""
 echo "== pytest"
 set +e
-.venv/bin/python -m pytest -m "$marker" -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -m "$marker" -p no:cacheprovider --durations=25 "$@"
 rc=$?
 set -e
 [ $rc -eq 5 ] && { echo "no tests collected"; exit 1; }
