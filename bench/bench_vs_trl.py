@@ -11,9 +11,11 @@ machine's wheel folder, ``trl``, the platform's transformers; never ``--system-s
 enters the platform's environment.
 
 Settings (each side's best on 2 cores): TRL: one process, 2 torch threads, HF ``generate``, fp32 (``--trl-bf16``
-tries bf16 autocast). Platform: vLLM rollout, remove padding, the fused log-prob/entropy, the old-log-prob pass
-skipped (on-policy), fp32; run as 1 rank x 2 threads (``resources.num_cpus_per_worker=2``) and as 2 ranks x 1
-thread (``--variants``), the faster one reported. ``--platform-override key=value`` adds overrides (e.g. the
+tries bf16 autocast). Platform: vLLM rollout, each prompt forwarded once for its 4 samples
+(``actor.share_prompt_prefix``) on packed rows, the fused log-prob/entropy, the old-log-prob pass skipped
+(on-policy), fp32; run as 1 rank x 2 threads (``resources.num_cpus_per_worker=2``) and as 2 ranks x 1 thread
+(``--variants``; ``1x2-unshared`` is 1x2 without shared prompts), the fastest one reported, every variant's
+per-step reward printed. ``--platform-override key=value`` adds overrides (e.g. the
 bf16 autocast key once it is on main).
 
 Prints s/step (median after the first step), tokens/s (prompt + response, valid), peak RSS per process, the
@@ -118,15 +120,18 @@ def model_shapes(model_dir: str) -> dict[str, int]:
     return {"body": layers * per_layer, "head": h * cfg["vocab_size"], "layers": layers, "hidden": h}
 
 
-def stage_flops(shapes: dict[str, int], *, tokens: float, response_tokens: float, seqs: int) -> dict[str, float]:
+def stage_flops(
+    shapes: dict[str, int], *, tokens: float, forward_tokens: float, response_tokens: float, seqs: int
+) -> dict[str, float]:
     """Matmul FLOPs of one step's stages (2 per multiply-add; attention scores are <1% at these lengths).
 
-    Forward over all valid tokens through the body; the LM head only at the positions that predict response
-    tokens (``logits_to_keep``), one per response token. Generation: prefill + one decode step per response
-    token, the head once per generated token. The update: forward + backward (2x) = 3x a forward.
+    Forward over the tokens the forwards run on (``forward_tokens``: each shared prompt once) through the body; the
+    LM head only at the positions that predict response tokens (``logits_to_keep``), one per response token.
+    Generation: prefill + one decode step per response token over all ``tokens`` (vLLM's prefix cache aside), the
+    head once per generated token. The update: forward + backward (2x) = 3x a forward.
     """
     body, head = shapes["body"], shapes["head"]
-    forward = 2 * body * tokens + 2 * head * response_tokens
+    forward = 2 * body * forward_tokens + 2 * head * response_tokens
     return {
         "gen": 2 * body * tokens + 2 * head * (response_tokens + seqs),
         "old_log_prob": forward,
@@ -181,10 +186,13 @@ def platform_overrides(model_dir: str, data: Path, args: argparse.Namespace, wor
         "algorithm.entropy_coeff=0.0",
         "actor.optim.lr=1e-6",
         "actor.ppo_mini_batch_size=8",
-        "actor.ppo_micro_batch_size_per_gpu=32",
-        "actor.log_prob_micro_batch_size_per_gpu=32",
-        "ref.log_prob_micro_batch_size_per_gpu=32",
+        # Two whole groups of 4 per micro-batch, each prompt forwarded once (actor.share_prompt_prefix): a packed
+        # row of all 32 sequences would pay sdpa's dense mask over ~2,600 tokens (more attention than matmuls).
+        "actor.ppo_micro_batch_size_per_gpu=8",
+        "actor.log_prob_micro_batch_size_per_gpu=8",
+        "ref.log_prob_micro_batch_size_per_gpu=8",
         "actor.use_remove_padding=true",
+        "actor.share_prompt_prefix=true",
         "rollout.engine=vllm",
         "rollout.n=4",
         "rollout.max_new_tokens=32",
@@ -205,15 +213,16 @@ def platform_overrides(model_dir: str, data: Path, args: argparse.Namespace, wor
     ]
 
 
-# 2 ranks x 1 thread: 16 of the 32 sequences per rank, so micro-batches of 16.
+# 2 ranks x 1 thread: 16 of the 32 sequences per rank. "1x2-unshared" is the same as 1x2 without shared
+# prompts (the configuration before actor.share_prompt_prefix), for the lever's own ratio and reward curve.
 RANK_VARIANTS = {
     "1x2": [],
-    "2x1": [
-        "resources.nproc_per_node=2",
-        "resources.num_cpus_per_worker=1",
-        "actor.ppo_micro_batch_size_per_gpu=16",
-        "actor.log_prob_micro_batch_size_per_gpu=16",
-        "ref.log_prob_micro_batch_size_per_gpu=16",
+    "2x1": ["resources.nproc_per_node=2", "resources.num_cpus_per_worker=1"],
+    "1x2-unshared": [
+        "actor.share_prompt_prefix=false",
+        "actor.ppo_micro_batch_size_per_gpu=32",
+        "actor.log_prob_micro_batch_size_per_gpu=32",
+        "ref.log_prob_micro_batch_size_per_gpu=32",
     ],
 }
 
@@ -262,6 +271,7 @@ def summarize_platform(result: dict[str, Any]) -> dict[str, Any]:
         "response_tokens": _median_after_first(
             [s["response_length/mean"] * 32 for s in steps]  # 8 prompts x 4 samples
         ),
+        "prompt_tokens": _median_after_first([s["prompt_length/mean"] * 32 for s in steps]),
         "stages": {k.removeprefix("timing_s/"): _median_after_first([s.get(k, 0.0) for s in steps]) for k in stages},
         "reward": [s.get("critic/score/mean", float("nan")) for s in steps],
         "rollout_probs_diff_max": [s.get("training/rollout_probs_diff_max", float("nan")) for s in steps],
@@ -345,7 +355,9 @@ def main() -> None:
     parser.add_argument("--trl-result", type=Path, default=None)
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--tiny-steps", type=int, default=12)
-    parser.add_argument("--variants", default="1x2,2x1", help="ranks x threads per rank to run (best is reported)")
+    parser.add_argument(
+        "--variants", default="1x2,2x1", help="of 1x2, 2x1, 1x2-unshared (ranks x threads; the fastest is reported)"
+    )
     parser.add_argument("--platform-override", action="append", default=[], help="extra key=value (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write all results as JSON here")
     args = parser.parse_args()
@@ -377,17 +389,26 @@ def main() -> None:
     for name, v in variants.items():
         print(
             f"variant {name} (ranks x threads): {v['summary']['s_per_step']:.1f} s/step, "
-            f"{v['summary']['tokens_per_s']:.0f} tokens/s, stages {v['summary']['stages']}"
+            f"{v['summary']['tokens_per_s']:.0f} tokens/s, stages {v['summary']['stages']}, "
+            f"reward per step {[round(r, 3) for r in v['summary']['reward']]}"
         )
+    # Work actually done: with shared prompts each prompt is forwarded once for its 4 samples.
+    shared = "actor.share_prompt_prefix=false" not in RANK_VARIANTS[best] + args.platform_override
+    forwarded = plat["tokens_per_step"] - (plat["prompt_tokens"] * 3 / 4 if shared else 0.0)
     flops = stage_flops(
-        model_shapes(model_dir), tokens=plat["tokens_per_step"], response_tokens=plat["response_tokens"], seqs=32
+        model_shapes(model_dir),
+        tokens=plat["tokens_per_step"],
+        forward_tokens=forwarded,
+        response_tokens=plat["response_tokens"],
+        seqs=32,
     )
     flops = {k: v for k, v in flops.items() if k in plat["stages"]}
     tiny = None if args.skip_tiny else tiny_overhead(work, args.tiny_steps)
     labels = {
         "trl": f"1 process x 2 threads, HF generate, {'bf16 autocast' if args.trl_bf16 else 'fp32'}",
-        "platform": f"{best[0]} rank(s) x {best[2]} thread(s), vLLM, remove padding, fused log-probs, on-policy "
-        "(no old-log-prob pass)" + (f", {' '.join(args.platform_override)}" if args.platform_override else ", fp32"),
+        "platform": f"{best[0]} rank(s) x {best[2]} thread(s), vLLM, shared prompts + remove padding, fused "
+        "log-probs, on-policy (no old-log-prob pass)"
+        + (f", {' '.join(args.platform_override)}" if args.platform_override else ", fp32"),
     }
     print_report(trl, plat, peak, flops, tiny, labels)
     print(
