@@ -277,6 +277,9 @@ class CriticConfig(Section):
     ppo_max_token_len_per_gpu: int = Field(32768, gt=0)
     use_remove_padding: bool = False
     ulysses_sequence_parallel_size: int = Field(1, gt=0)
+    share_prompt_prefix: bool = Field(
+        False, description="As actor.share_prompt_prefix, for the value forward and its backward."
+    )
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 

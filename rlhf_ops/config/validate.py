@@ -28,22 +28,25 @@ def _micro_does_not_divide(per_rank: int, micro: int) -> bool:
     return micro < per_rank and per_rank % micro != 0
 
 
-def _check_shared_prompts(run: RunConfig, problems: list[ConfigProblem]) -> None:
-    """``actor.share_prompt_prefix`` packs rows into one sequence with an explicit attention mask."""
-    if run.actor.ulysses_sequence_parallel_size > 1:
+def _check_shared_prompts(
+    section: str, cfg: ActorConfig | CriticConfig, run: RunConfig, problems: list[ConfigProblem]
+) -> None:
+    """``<section>.share_prompt_prefix`` packs rows into one sequence with an explicit attention mask."""
+    key = f"{section}.share_prompt_prefix"
+    if cfg.ulysses_sequence_parallel_size > 1:
         problems.append(
             ConfigProblem(
-                "actor.share_prompt_prefix",
+                key,
                 "Ulysses shards a packed row by position, which a shared prompt's mask does not allow",
-                "set actor.share_prompt_prefix=false or actor.ulysses_sequence_parallel_size=1",
+                f"set {key}=false or {section}.ulysses_sequence_parallel_size=1",
             )
         )
     if run.model.attn_implementation == "flash_attention_2":
         problems.append(
             ConfigProblem(
-                "actor.share_prompt_prefix",
+                key,
                 "FlashAttention takes no explicit attention mask, which shared prompts need",
-                "set model.attn_implementation=sdpa, or actor.share_prompt_prefix=false (use remove padding instead)",
+                f"set model.attn_implementation=sdpa, or {key}=false (use remove padding instead)",
             )
         )
 
@@ -70,8 +73,8 @@ def _check_ppo_sizes(
                 f"set {section}.use_remove_padding=true",
             )
         )
-    if isinstance(cfg, ActorConfig) and cfg.share_prompt_prefix:
-        _check_shared_prompts(run, problems)
+    if cfg.share_prompt_prefix:
+        _check_shared_prompts(section, cfg, run, problems)
     dp = world // sp
     bsz = run.data.train_batch_size
     if bsz % cfg.ppo_mini_batch_size:

@@ -251,13 +251,20 @@ class PPOTrainer:
         metrics["training/policy_lag"] = float(lag)  # actor updates between the rollout's weights and this update
         return self.train_step(batch, timer, metrics, start=start, step=step), epoch
 
+    @property
+    def _keep_groups(self) -> bool:
+        """Balance whole prompt groups across ranks: shared-prompt forwards want a group in one micro-batch."""
+        return self.config.actor.share_prompt_prefix or (
+            self.critic is not None and self.config.critic.share_prompt_prefix
+        )
+
     def train_step(
         self, batch: DataProto, timer: StageTimer, metrics: dict[str, float], *, start: float, step: int | None
     ) -> dict[str, float]:
         """Every stage after generation, on the generated ``batch``; ``start`` is the step's start (throughput)."""
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(
-                batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self.config.actor.share_prompt_prefix
+                batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self._keep_groups
             )
             metrics["perf/dp_token_imbalance"] = imbalance
         batch, extra = self._score(batch, timer)
@@ -320,7 +327,7 @@ class PPOTrainer:
         metrics.update(ds_metrics)
         if self.config.trainer.balance_batch:  # the rows changed: balance them again
             batch, metrics["perf/dp_token_imbalance"] = balance_tokens_across_ranks(
-                batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self.config.actor.share_prompt_prefix
+                batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self._keep_groups
             )
         return batch
 

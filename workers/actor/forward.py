@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -27,23 +26,10 @@ from rlhf_ops.algorithms import logprobs_and_entropy
 from workers.sp.ulysses import sp_world_size
 from workers.utils.forward_runner import forward_packed
 from workers.utils.remove_padding import pack_sequences, scatter_response
-from workers.utils.shared_prompt import pack_shared_prompts
+from workers.utils.shared_prompt import pack_shared_prompts, shared_prompt_mask_dtype
 from workers.utils.trim_padding import trim_padding_columns
 
-__all__ = ["response_log_probs", "shared_prompt_mask_dtype", "supports_logits_to_keep"]
-
-
-def shared_prompt_mask_dtype(module: nn.Module) -> torch.dtype:
-    """The explicit attention mask's dtype for the model's attention: bool for sdpa, additive fp32 for eager."""
-    impl = getattr(getattr(module, "config", None), "_attn_implementation", None) or "sdpa"
-    if impl == "sdpa":
-        return torch.bool
-    if impl == "eager":
-        return torch.float32
-    raise ValueError(
-        f"actor.share_prompt_prefix needs an explicit attention mask, which attn_implementation={impl!r} does not "
-        "take; set model.attn_implementation=sdpa (or eager), or actor.share_prompt_prefix=false"
-    )
+__all__ = ["response_log_probs", "supports_logits_to_keep"]
 
 
 def supports_logits_to_keep(module: nn.Module) -> bool:

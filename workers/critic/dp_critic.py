@@ -28,6 +28,7 @@ from workers.utils.dist import MetricAccumulator
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches, forward_packed
 from workers.utils.micro_batch import split_mini_batches
 from workers.utils.remove_padding import pack_sequences, scatter_response
+from workers.utils.shared_prompt import pack_shared_prompts, shared_prompt_mask_dtype
 from workers.utils.trim_padding import trim_padding_columns
 
 __all__ = ["DataParallelPPOCritic"]
@@ -101,8 +102,18 @@ class DataParallelPPOCritic:
         attention_mask = batch["attention_mask"].to(self.device)
         position_ids = batch["position_ids"].to(self.device)
         response_length = batch["responses"].shape[-1]
-        if self.config.use_remove_padding or self.sp_size > 1:  # Ulysses shards the packed row
+        packed = None
+        if self.config.share_prompt_prefix and self.sp_size == 1:  # each distinct prompt forwarded once
+            packed = pack_shared_prompts(
+                input_ids,
+                attention_mask,
+                position_ids,
+                response_length=response_length,
+                mask_dtype=shared_prompt_mask_dtype(self.module),
+            )
+        if packed is None and (self.config.use_remove_padding or self.sp_size > 1):  # Ulysses shards the packed row
             packed = pack_sequences(input_ids, attention_mask, position_ids, response_length=response_length)
+        if packed is not None:
             fwd = forward_packed(self.module, packed, sp_group=self.sp_group)  # logits (k, 1) at kept positions
             values = fwd.collect(fwd.outputs[:, 0].float())  # (K,)
             return scatter_response(values, packed, batch_size=input_ids.shape[0], response_length=response_length)

@@ -25,11 +25,24 @@ their gradients).
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from workers.utils.remove_padding import PackedBatch
 
-__all__ = ["forwarded_lengths", "pack_shared_prompts"]
+__all__ = ["forwarded_lengths", "pack_shared_prompts", "shared_prompt_mask_dtype"]
+
+
+def shared_prompt_mask_dtype(module: nn.Module) -> torch.dtype:
+    """The explicit attention mask's dtype for the model's attention: bool for sdpa, additive fp32 for eager."""
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None) or "sdpa"
+    if impl == "sdpa":
+        return torch.bool
+    if impl == "eager":
+        return torch.float32
+    raise ValueError(
+        f"<role>.share_prompt_prefix needs an explicit attention mask, which attn_implementation={impl!r} does not "
+        "take; set model.attn_implementation=sdpa (or eager), or <role>.share_prompt_prefix=false"
+    )
 
 
 def _prefix_mask_ok(valid: Tensor) -> bool:

@@ -14,6 +14,7 @@ from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, OptimConfig
 from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
 from workers.critic import DataParallelPPOCritic
 from workers.fsdp import build_lr_scheduler, build_optimizer
+from workers.utils.shared_prompt import pack_shared_prompts
 
 R = 5
 
@@ -77,3 +78,38 @@ def test_clipped_vf_loss_matches_the_reference_and_is_split_invariant(fsdp_model
     assert m1["critic/vf_loss"] == pytest.approx(m8["critic/vf_loss"], rel=1e-5)
     assert m1["critic/grad_norm"] == pytest.approx(m8["critic/grad_norm"], rel=1e-5)
     torch.testing.assert_close(w1, w8, rtol=1e-5, atol=1e-7)
+
+
+def test_shared_prompt_values_and_update_equal_the_padded_ones(fsdp_model: Callable[..., nn.Module]) -> None:
+    """``critic.share_prompt_prefix``: 8 rows, 2 prompts x 4 responses, values and the updated head match."""
+    data = make_ppo_batch(seed=3)
+    b = data.batch
+    p = b["prompts"].shape[-1]
+    for row in range(8):  # rows 0-3 share row 0's prompt, rows 4-7 row 4's
+        src = 0 if row < 4 else 4
+        for key in ("prompts", "attention_mask", "position_ids"):
+            b[key][row, :p] = b[key][src, :p]
+        b["position_ids"][row, p:] = b["attention_mask"][row].cumsum(0)[p:] - 1
+    b["input_ids"] = torch.cat([b["prompts"], b["responses"]], dim=1)
+    first = pack_shared_prompts(b["input_ids"][:4], b["attention_mask"][:4], b["position_ids"][:4], response_length=R)
+    assert first is not None and first.input_ids.shape[-1] < int(b["attention_mask"][:4].sum())  # the prompt once
+    results = []
+    for share in (False, True):
+        model = fsdp_model(kind="value")
+        optim = OptimConfig(lr=1e-3, eps=1e-4)
+        opt = build_optimizer(model, optim)
+        critic = DataParallelPPOCritic(
+            model,
+            opt,
+            build_lr_scheduler(opt, optim, total_steps=10),
+            config=CriticConfig(share_prompt_prefix=share),
+            algorithm=AlgorithmConfig(adv_estimator="gae"),
+            plan=make_plan(mini_per_rank=8, micro_per_rank=4, num_mini_batches=1, log_prob_micro=4),
+        )
+        values = critic.compute_values(data)
+        metrics = critic.update_critic(data)
+        results.append((values, metrics, model.score.weight.full_tensor().detach()))
+    (v0, m0, w0), (v1, m1, w1) = results
+    torch.testing.assert_close(v1, v0, atol=1e-5, rtol=0)
+    assert m1["critic/vf_loss"] == pytest.approx(m0["critic/vf_loss"], rel=1e-5)
+    torch.testing.assert_close(w1, w0, rtol=1e-4, atol=1e-6)
