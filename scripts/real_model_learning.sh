@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 source scripts/env.sh
 OUT=${OUT_DIR:-outputs/real_model_learning}
-STEPS=${STEPS:-60}
+STEPS=${STEPS:-54}
 PROMPTS=${HELDOUT_PROMPTS:-1000}
 PRESET=smollm2-135m-grpo-cpu
 mkdir -p "$OUT"

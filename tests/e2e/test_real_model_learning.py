@@ -95,7 +95,7 @@ def test_the_real_model_learns_word_problems_beyond_ten_points(tmp_path: Path) -
     out = tmp_path / "learning"
     _run(
         ["bash", "scripts/real_model_learning.sh"],
-        env={"OUT_DIR": str(out)},  # the script's defaults: 60 steps, 1000 held-out prompts
+        env={"OUT_DIR": str(out)},  # the script's defaults: 54 steps, 1000 held-out prompts
         timeout=4 * 3600,
     )
     gain = json.loads((out / "gain.json").read_text())["result"]
