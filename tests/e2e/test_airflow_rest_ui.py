@@ -264,6 +264,8 @@ def test_rest_api_refuses_a_param_that_breaks_the_schema(
     assert _run_count(stack) == before  # refused before a run exists
 
 
+# slow: the Chromium form test below runs the same pipeline to success through the UI (~105 s each)
+@pytest.mark.slow
 def test_rest_api_trigger_with_param_overrides_runs_to_success(stack: Stack, dag_ready: None) -> None:
     conf = {**REST_CONF, "remote_store_url": stack.remote_root.as_uri()}
     status, run = _api(stack, "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})

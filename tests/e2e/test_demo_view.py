@@ -30,6 +30,8 @@ TASKS = [
 ]
 
 
+# slow (~150 s): the pipeline itself runs by default in test_pipeline_dag.py and the Chromium form test
+@pytest.mark.slow
 def test_demo_prints_under_60_lines_with_summary_and_curve(tmp_path: Path) -> None:
     root = tmp_path / "rlhf"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

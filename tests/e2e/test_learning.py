@@ -64,6 +64,9 @@ def test_ppo_with_critic_and_kl_in_reward_learns_to_copy(tmp_path: Path) -> None
     assert rows[-1]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.001)  # KL in the reward, fixed beta
 
 
+# slow (~80 s): vLLM rollout trains by default in test_real_model_learning.py; remove padding and dynamic
+# batch size are exact by default in the unit and integration tests
+@pytest.mark.slow
 def test_tiny_cpu_learns_with_vllm_rollout_remove_padding_and_dynamic_bsz(tmp_path: Path) -> None:
     # The issue-6 configuration: vLLM (CPU build) rollout with in-place weight sync, packed sequences and
     # token-budget micro-batches in the actor.
