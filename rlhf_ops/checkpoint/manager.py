@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.storage.manifest import CorruptCheckpointError as CorruptCheckpointError
 from rlhf_ops.storage.manifest import (
+    FileEntry,
     apply_retention,
     find_latest_complete,
     is_complete,
@@ -163,7 +164,7 @@ class CheckpointManager:
 
     def _save_to_store(self, state: dict[str, Any], step: int) -> str:
         """Ranks upload their own shards, the driver its state, then the manifest and ``latest`` (the commit rule)."""
-        from rlhf_ops.storage import apply_remote_retention
+        from rlhf_ops.storage import apply_remote_retention, redact_url
         from rlhf_ops.storage.rank_upload import commit_remote_checkpoint, discard_remote_manifest, upload_files
 
         assert self.remote_url is not None and self.node_run_dir is not None
@@ -171,12 +172,18 @@ class CheckpointManager:
         node_ckpt = NodeCheckpoint(node_run_dir=self.node_run_dir, step_dir=step_dir_name(step), remote_url=url)
         options = self.storage_options
         discard_remote_manifest(url, storage_options=options)  # a step saved again: no manifest over new files
-        files = []
+        files: list[FileEntry] = []
         for name, role in self.roles.items():
             for upload in role.save_checkpoint_to_store(node_ckpt, name):
-                size = sum(entry.size for entry in upload.files) / 1e6
-                log.info("[%s] rank %d wrote %d file(s) (%.1f MB) in %s, uploaded", name, upload.rank,
-                         len(upload.files), size, upload.local_dir)  # fmt: skip
+                megabytes = sum(entry.size for entry in upload.files) / 1e6
+                log.info(
+                    "[%s] rank %d wrote %d file(s) (%.1f MB) in %s, uploaded",
+                    name,
+                    upload.rank,
+                    len(upload.files),
+                    megabytes,
+                    upload.local_dir,
+                )
                 files += upload.files
         with tempfile.TemporaryDirectory(prefix="rlhf-trainer-state-") as staging:
             (Path(staging) / TRAINER_STATE_FILE).write_text(json.dumps(state))
@@ -188,7 +195,7 @@ class CheckpointManager:
             apply_remote_retention(self.remote_url, keep_last=self.keep_last, protect=protect, storage_options=options)
         if self.on_commit is not None:
             self.on_commit(step, url)
-        log.info("checkpoint committed: %s", url)
+        log.info("checkpoint committed: %s", redact_url(url))
         return url
 
     def finish(self) -> None:
