@@ -195,7 +195,7 @@ def _add_pipeline_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentPa
 
     job = sub.add_parser(
         "pipeline-job",
-        help=f"run a pipeline task (prepare_data, evaluate, register) as a Ray job; request in ${REQUEST_ENV}",
+        help=f"run a pipeline task ({', '.join(JOB_NAMES)}) as a Ray job; request in ${REQUEST_ENV}",
     )
     job.add_argument("job", choices=JOB_NAMES, help="the task: the same library call the Airflow task made")
     job.add_argument("--result-dir", required=True, help="folder the result JSON goes to (<submission id>.json)")

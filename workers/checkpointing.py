@@ -5,6 +5,10 @@ ranks loads into M ranks (DCP reshards on load). The scheduler's state is a hand
 goes to JSON (written by rank 0), as do the LoRA scalings of a PEFT model (``lora_scaling.json``,
 used by the HF export to merge the adapters). The file names and the safe reader (no pickled code
 runs on load) are the library's: :mod:`rlhf_ops.checkpoint.dcp_reader`.
+
+Without a shared filesystem (``trainer.shared_checkpoint_root=false``) each rank saves into its own node's
+folder and uploads what it wrote (:func:`save_role_to_store`), and loads from its node's copy of the
+remote checkpoint (:func:`fetch_role_dir`): :mod:`rlhf_ops.checkpoint.node_local`.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -32,6 +39,23 @@ from rlhf_ops.checkpoint.dcp_reader import (
     SafeFileSystemReader,
     SafeLoadPlanner,
 )
+from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload, fetch_to_node, upload_rank_files
+
+DCP_METADATA_FILE = ".metadata"  # written by the coordinator (rank 0) once every rank's shards are written
+
+
+class _RecordingWriter(FileSystemWriter):
+    """DCP's file writer that records the files this rank wrote (its ``__<rank>_<i>.distcp`` shards)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.written: set[str] = set()
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Any:
+        future = super().write_data(plan, planner)
+        results: list[WriteResult] = future.wait()  # FileSystemWriter writes synchronously: already done
+        self.written.update(result.storage_data.relative_path for result in results)
+        return future
 
 
 def _scheduler_state(scheduler: LRScheduler | None) -> dict[str, object]:
@@ -54,17 +78,45 @@ def lora_scalings(module: nn.Module) -> dict[str, dict[str, float]]:
 
 def save_role_checkpoint(
     path: str, module: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None
-) -> None:
-    """Collective: every rank writes its shards of model and optimizer under ``path``."""
+) -> list[str]:
+    """Collective: every rank writes its shards of model and optimizer under ``path``.
+
+    Returns:
+        The names (relative to ``path``) of the files this rank wrote: its shards, and on rank 0 also DCP's
+        ``.metadata``, the scheduler's JSON and the LoRA scalings.
+    """
     model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [])
     state = {MODEL_KEY: model_sd} if optimizer is None else {MODEL_KEY: model_sd, "optim": optim_sd}
-    dcp.save(state, checkpoint_id=path)
+    writer = _RecordingWriter(path)
+    dcp.save(state, storage_writer=writer)
+    written = set(writer.written)
     if dist.get_rank() == 0:
         (Path(path) / SCHEDULER_FILE).write_text(json.dumps(_scheduler_state(scheduler)))
+        written |= {DCP_METADATA_FILE, SCHEDULER_FILE}
         scalings = lora_scalings(module)
         if scalings:
             (Path(path) / LORA_SCALING_FILE).write_text(json.dumps(scalings, indent=1, sort_keys=True))
+            written.add(LORA_SCALING_FILE)
     dist.barrier()
+    return sorted(written)
+
+
+def save_role_to_store(
+    ckpt: NodeCheckpoint, role: str, module: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None
+) -> RankUpload:
+    """Collective: every rank saves under ``<its node folder>/<role>``, then uploads and deletes its own files.
+
+    The upload is this rank's alone (after the save's barrier): the driver commits the manifest once every rank
+    returned.
+    """
+    rank = dist.get_rank()
+    files = save_role_checkpoint(str(ckpt.local_dir(rank) / role), module, optimizer, scheduler)
+    return upload_rank_files(ckpt, rank=rank, role=role, files=files)
+
+
+def fetch_role_dir(ckpt: NodeCheckpoint, role: str) -> str:
+    """This rank's node copy of the remote checkpoint's ``<role>`` folder (fetched once per node folder)."""
+    return str(fetch_to_node(ckpt, rank=dist.get_rank()) / role)
 
 
 def load_role_checkpoint(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 from rlhf_ops.trainer.metrics import reduce_worker_metrics
@@ -74,6 +75,14 @@ class ActorRolloutRefClient:
     def load_checkpoint(self, path: str) -> None:
         self.group.call(ActorRolloutRefWorker.load_checkpoint, path)
 
+    def save_checkpoint_to_store(self, ckpt: NodeCheckpoint, role: str) -> list[RankUpload]:
+        """Each rank's upload, ordered by rank (``trainer.shared_checkpoint_root=false``)."""
+        uploads: list[RankUpload] = self.group.call(ActorRolloutRefWorker.save_checkpoint_to_store, ckpt, role)
+        return uploads
+
+    def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None:
+        self.group.call(ActorRolloutRefWorker.load_checkpoint_from_store, ckpt, role)
+
 
 class CriticClient:
     """:class:`~rlhf_ops.trainer.roles.Critic` over a ``CriticWorker`` group."""
@@ -93,6 +102,14 @@ class CriticClient:
 
     def load_checkpoint(self, path: str) -> None:
         self.group.call(CriticWorker.load_checkpoint, path)
+
+    def save_checkpoint_to_store(self, ckpt: NodeCheckpoint, role: str) -> list[RankUpload]:
+        """Each rank's upload, ordered by rank (``trainer.shared_checkpoint_root=false``)."""
+        uploads: list[RankUpload] = self.group.call(CriticWorker.save_checkpoint_to_store, ckpt, role)
+        return uploads
+
+    def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None:
+        self.group.call(CriticWorker.load_checkpoint_from_store, ckpt, role)
 
 
 class RewardModelClient:

@@ -2,13 +2,14 @@
 
 ::
 
-    prepare_data → preflight → start_tracking ─┬→ train (Ray job, deferrable) ─┬→ sync_and_retain → register_model
-                                               └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
-                                                  wait_for_checkpoint → evaluate_checkpoint
+    prepare_data ───┬→ preflight → start_tracking ─┬→ train (Ray job, deferrable) ─┬→ sync_and_retain → register_model
+    fetch_champion ─┘                              └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
+                                                      wait_for_checkpoint → evaluate_checkpoint
 
-``prepare_data``, ``train``, each ``evaluate_checkpoint`` and ``register_model`` are Ray jobs submitted by the same
-hook and deferrable trigger (the heavy ones through ``rlhf_airflow.task_jobs.RayTaskJobOperator``): nothing in an
-Airflow process loads torch, a tokenizer or a model. ``train`` and each ``evaluate_checkpoint`` take slots
+``prepare_data``, ``fetch_champion`` (skipped unless ``warm_start`` is ``champion``), ``train``, each
+``evaluate_checkpoint`` and ``register_model`` are Ray jobs submitted by the same hook and deferrable trigger (the
+heavy ones through ``rlhf_airflow.task_jobs.RayTaskJobOperator``): nothing in an Airflow process loads torch, a
+tokenizer or a model, or writes into the work folder. ``train`` and each ``evaluate_checkpoint`` take slots
 of the cluster pool (``rlhf_airflow.pools``); with a spec's ``approval`` on, ``approve_champion`` (human in the
 loop) sits between ``register_model`` and ``promote_champion`` (``rlhf_pipeline.approval``).
 
@@ -117,8 +118,12 @@ def build_pipeline_dag(
             on_result=tasks.prepared_data_done,
             outlets=[pipeline_asset(dag_id, "prepared_data")],
         ).output
-        plan: Any = task(task_id="preflight", multiple_outputs=True)(tasks.preflight)(
-            prepared, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
+        # Skipped unless params.warm_start is "champion"; preflight puts its model folder into the config.
+        champion: Any = heavy(
+            "fetch_champion", job="fetch_champion", build_request=tasks.fetch_champion_request
+        ).output
+        plan: Any = task(task_id="preflight", multiple_outputs=True, trigger_rule="none_failed")(tasks.preflight)(
+            prepared, champion, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
         )
         tracking: Any = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns

@@ -1,9 +1,10 @@
 """Task bodies of the RLHF pipeline: thin wrappers that call ``rlhf_ops.pipeline`` with values from the context.
 
-The tasks that load a tokenizer or a model (``prepare_data``, ``evaluate_checkpoint``, ``register_model``) are Ray
-jobs (``rlhf_airflow.task_jobs.RayTaskJobOperator``); here are only their requests (``*_request``) and what is done
+The tasks that load a tokenizer or a model, or write one into the work folder (``prepare_data``,
+``fetch_champion``, ``evaluate_checkpoint``, ``register_model``) are Ray jobs
+(``rlhf_airflow.task_jobs.RayTaskJobOperator``); here are only their requests (``*_request``) and what is done
 with their results on the Airflow side (``*_done``: Asset event extras). Every task in an Airflow process stays
-torch-free.
+torch-free and writes nothing into the work folder.
 
 Every import of the platform library happens inside a function, at run time: parsing a DAG file never
 imports torch, transformers or MLflow. Credentials come from Airflow connections (``job_env_from_connections``)
@@ -94,6 +95,18 @@ def prepared_data_done(prepared: dict[str, Any], request: Mapping[str, Any], con
     set_event_extra(context, "prepared_data", {k: prepared.get(k) for k in keys} | {"airflow_run_id": run_key})
 
 
+def fetch_champion_request(request: Mapping[str, Any], context: Any) -> Any:
+    """The ``fetch_champion`` Ray job's request; the task is skipped unless the run warm-starts from the champion."""
+    from rlhf_airflow.task_jobs import JobRequest
+
+    params = _params(context)
+    if params.warm_start != "champion":
+        raise AirflowSkipException(f"warm_start is {params.warm_start!r}: no champion to fetch")
+    layout = _layout(params, context)
+    body = {"registered_name": params.registered_name(layout.dag_id), "layout": layout.to_dict()}
+    return JobRequest(request=body, result_dir=layout.jobs_dir)
+
+
 def check_ray(*, ray_conn_id: str, address: str | None) -> str:
     """The Ray job server's URL after a version handshake with it (submits nothing)."""
     from rlhf_airflow.hooks import RayJobHook
@@ -112,6 +125,7 @@ def check_ray(*, ray_conn_id: str, address: str | None) -> str:
 
 def preflight(
     prepared: dict[str, Any],
+    champion: dict[str, Any] | None,
     *,
     conns: Mapping[str, str | None],
     ray_conn_id: str,
@@ -120,19 +134,18 @@ def preflight(
 ) -> dict[str, Any]:
     """Resolve + validate the config, run pre-flight (the checks `rlhf train` runs), plan the checkpoints.
 
-    A bad value or a problem pre-flight finds fails the task at once (no retry can fix it), one log line each.
+    ``champion`` is ``fetch_champion``'s result (None: skipped, the run starts from scratch); its model folder
+    becomes ``model.path``. A bad value or a problem pre-flight finds fails the task at once (no retry can fix
+    it), one log line each.
     """
     from rlhf_ops.config import ConfigError
     from rlhf_ops.pipeline.layout import patched_environ
     from rlhf_ops.pipeline.preflight import run_preflight
-    from rlhf_ops.pipeline.register import download_champion
 
     params = _params(context)
     layout = _layout(params, context)
+    model_path = (champion or {}).get("model_dir") if params.warm_start == "champion" else None
     with patched_environ(connection_env(**conns)):
-        model_path = None
-        if params.warm_start == "champion":
-            model_path = download_champion(params.registered_name(layout.dag_id), models_dir=layout.models_dir)
         try:
             plan = run_preflight(params, layout, prepared, model_path=model_path, override_policy=override_policy)
         except ConfigError as exc:  # PreflightError too: the same lines `rlhf train` prints

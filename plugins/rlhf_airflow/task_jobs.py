@@ -47,13 +47,15 @@ ResultHandler = Callable[[dict[str, Any], Mapping[str, Any], "Context"], None]
 
 
 class RayTaskJobOperator(RayJobOperator):
-    """Run the pipeline's heavy task ``job`` (``prepare_data``, ``evaluate``, ``register``) as a Ray job.
+    """Run the pipeline's heavy task ``job`` (``prepare_data``, ``fetch_champion``, ``evaluate``, ``register``) as a
+    Ray job.
 
     Args:
         job: The ``rlhf pipeline-job`` name.
         request: Values for ``build_request`` (templated: XComArgs resolve to their values at run time).
         build_request: Turns the rendered ``request`` and the context into the job's :class:`JobRequest`; called
-            in ``execute`` and again in ``execute_complete`` (deterministic: the same result folder).
+            in ``execute`` and again in ``execute_complete`` (deterministic: the same result folder). It may raise
+            ``AirflowSkipException`` (nothing to do for this run): then nothing is submitted.
         on_result: Called with the job's result value, the built request and the context before it is returned.
         **kwargs: ``RayJobOperator`` arguments (connections, poll interval, timeout) and ``BaseOperator``'s.
     """

@@ -413,6 +413,19 @@ class TrainerConfig(Section):
     remote_store_url: Annotated[str | None, not_blank("set a URL, or null to keep checkpoints local only")] = Field(
         None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to."
     )
+    shared_checkpoint_root: bool = Field(
+        True,
+        description="Whether every node and the driver see the same checkpoint_root (a shared filesystem, or one "
+        "machine). false: each rank writes its shards on its own node (node_checkpoint_root), uploads them to "
+        "remote_store_url and deletes its copy; the driver writes the manifest there after every rank's upload; "
+        "resume downloads from the store onto each node. Needs remote_store_url.",
+    )
+    node_checkpoint_root: Annotated[str | None, not_blank("set a folder, or null to use checkpoint_root")] = Field(
+        None,
+        description="With shared_checkpoint_root=false: the folder on each rank's own node its shards are written "
+        "to before the upload (None: checkpoint_root, as a path on that node). '{rank}' in it becomes the rank, "
+        "one folder per rank: to stand for separate nodes on one machine (tests).",
+    )
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
     resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rlhf_ops.config.checkpoint_rules import checkpoint_problems
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
@@ -476,6 +477,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_reward(run, problems)
     _check_surface(run, problems)
     problems.extend(off_policy_problems(run))
+    problems.extend(checkpoint_problems(run.trainer))
     problems.extend(
         multi_turn_problems(
             run.rollout.multi_turn,

@@ -15,7 +15,7 @@ REQUEST_ENV = "RLHF_JOB_REQUEST"
 SUBMISSION_ENV = "RLHF_SUBMISSION_ID"  # set by RayJobOperator: the base id, the same on every try
 RETRY_INDEX_ENV = "RLHF_RETRY_INDEX"  # set by RayJobHook on a -retry<N> submission
 CLI_MODULE = "rlhf_ops.cli"
-JOB_NAMES = ("prepare_data", "evaluate", "register")
+JOB_NAMES = ("prepare_data", "fetch_champion", "evaluate", "register")
 
 
 def job_entrypoint(name: str, result_dir: str) -> str:

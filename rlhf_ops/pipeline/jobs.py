@@ -1,7 +1,8 @@
-"""The pipeline's heavy tasks as Ray jobs: ``prepare_data``, ``evaluate`` and ``register``.
+"""The pipeline's heavy tasks as Ray jobs: ``prepare_data``, ``fetch_champion``, ``evaluate`` and ``register``.
 
-Each loads a tokenizer or a model, so it runs on the Ray cluster (the worker image), never in an Airflow
-process (no torch there). The Airflow side (``rlhf_airflow.task_jobs.RayTaskJobOperator``) submits::
+Each loads a tokenizer or a model, or writes a model into the shared work folder, so it runs on the Ray cluster
+(the worker image), never in an Airflow process (no torch there; the scheduler mounts the work folder read-only).
+The Airflow side (``rlhf_airflow.task_jobs.RayTaskJobOperator``) submits::
 
     python -m rlhf_ops.cli pipeline-job <name> --result-dir <work>/jobs/<dag_id>/<run_key>
 
@@ -50,6 +51,14 @@ def _prepare_data(request: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+def _fetch_champion(request: Mapping[str, Any]) -> dict[str, Any]:
+    from rlhf_ops.pipeline.layout import RunLayout
+    from rlhf_ops.pipeline.register import fetch_champion
+
+    layout = RunLayout.from_dict(request["layout"])
+    return fetch_champion(str(request["registered_name"]), models_dir=layout.models_dir)
+
+
 def _evaluate(request: Mapping[str, Any]) -> dict[str, Any]:
     from rlhf_ops.pipeline.evaluate import evaluate_step
     from rlhf_ops.pipeline.layout import RunLayout
@@ -87,6 +96,7 @@ def _register(request: Mapping[str, Any]) -> dict[str, Any]:
 
 HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "prepare_data": _prepare_data,
+    "fetch_champion": _fetch_champion,
     "evaluate": _evaluate,
     "register": _register,
 }

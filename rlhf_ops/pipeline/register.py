@@ -4,7 +4,8 @@
 win, :mod:`rlhf_ops.pipeline.promotion`), logs its HF export to the pipeline's MLflow run (``model/``),
 registers it as a new version of the pipeline's registered model and moves the ``champion`` alias to it only
 on a win over the champion that holds on the eval set (:mod:`rlhf_ops.pipeline.champion`).
-``download_champion`` fetches ``models:/<name>@champion`` for a run that warm-starts from it.
+``fetch_champion`` (the ``fetch_champion`` Ray job) downloads ``models:/<name>@champion`` for a run that
+warm-starts from it.
 """
 
 from __future__ import annotations
@@ -120,11 +121,18 @@ def _export(step: int, layout: RunLayout, config: Mapping[str, Any]) -> Path:
     )
 
 
-def download_champion(registered_name: str, *, models_dir: str, tracking_uri: str | None = None) -> str | None:
-    """Local folder of ``models:/<registered_name>@champion`` under ``models_dir``, or None without a champion.
+def fetch_champion(registered_name: str, *, models_dir: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Download ``models:/<registered_name>@champion`` under ``models_dir`` (the ``fetch_champion`` Ray job).
 
     The folder is keyed by version (``<models_dir>/<name>/v<version>``) and reused when complete, so retries and
     later runs of the same champion download nothing.
+
+    Returns:
+        ``{"registered_name", "version", "model_dir"}``: the HF model folder inside the version's folder; version and
+        folder None when there is no champion yet (the first run of a pipeline starts from the preset's model).
+
+    Raises:
+        ValueError: the champion holds no HF model folder (no ``config.json``).
     """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -139,7 +147,7 @@ def download_champion(registered_name: str, *, models_dir: str, tracking_uri: st
             CHAMPION_ALIAS,
             exc.error_code,
         )
-        return None
+        return {"registered_name": registered_name, "version": None, "model_dir": None}
     dest = Path(models_dir) / registered_name / f"v{version.version}"
     if not (dest / ".complete").is_file():
         _download_into(dest, registered_name=registered_name, version=str(version.version), tracking_uri=tracking_uri)
@@ -148,7 +156,13 @@ def download_champion(registered_name: str, *, models_dir: str, tracking_uri: st
         raise ValueError(f"{registered_name} v{version.version} has no config.json; register an HF model folder")
     model_dir = configs[0].parent
     log.info("warm start from %s v%s: %s", registered_name, version.version, model_dir)
-    return str(model_dir)
+    return {"registered_name": registered_name, "version": str(version.version), "model_dir": str(model_dir)}
+
+
+def download_champion(registered_name: str, *, models_dir: str, tracking_uri: str | None = None) -> str | None:
+    """Local folder of ``models:/<registered_name>@champion`` under ``models_dir``, or None without a champion."""
+    fetched = fetch_champion(registered_name, models_dir=models_dir, tracking_uri=tracking_uri)
+    return None if fetched["model_dir"] is None else str(fetched["model_dir"])
 
 
 def _download_into(dest: Path, *, registered_name: str, version: str, tracking_uri: str | None) -> None:

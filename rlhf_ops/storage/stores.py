@@ -37,6 +37,13 @@ _SECRET_PARAM = re.compile(
 )
 
 
+def store_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that s3fs / boto3 read (``AWS_*``), for another
+    process that must open the same stores (a rank that uploads its own checkpoint shards)."""
+    env = os.environ if environ is None else environ
+    return {key: value for key, value in env.items() if key.startswith("AWS_")}
+
+
 def url_scheme(url: str) -> str:
     """The scheme of a store URL; ``"file"`` for a plain path."""
     return urlsplit(url).scheme.lower() if "://" in url else "file"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 
@@ -44,6 +45,12 @@ class ActorRolloutRef(Protocol):
 
     def load_checkpoint(self, path: str) -> None: ...
 
+    def save_checkpoint_to_store(self, ckpt: NodeCheckpoint, role: str) -> list[RankUpload]:
+        """Without a shared filesystem: each rank's shards written on its node and uploaded; one entry per rank."""
+        ...
+
+    def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None: ...
+
 
 class Critic(Protocol):
     """The value model group (GAE only)."""
@@ -57,6 +64,12 @@ class Critic(Protocol):
     def save_checkpoint(self, path: str) -> None: ...
 
     def load_checkpoint(self, path: str) -> None: ...
+
+    def save_checkpoint_to_store(self, ckpt: NodeCheckpoint, role: str) -> list[RankUpload]:
+        """Without a shared filesystem: each rank's shards written on its node and uploaded; one entry per rank."""
+        ...
+
+    def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None: ...
 
 
 class RewardModel(Protocol):

@@ -155,6 +155,7 @@ def test_pipeline_succeeds_every_task(pipeline_run: dict[str, Any]) -> None:
     dag_run = pipeline_run["dag_run"]
     states = _task_states(dag_run.run_id)
     assert dag_run.state == "success", states
+    assert states.pop("fetch_champion[-1]") == "skipped", states  # warm_start: scratch (no job submitted)
     assert set(states.values()) == {"success"}, states
     # one evaluation per planned checkpoint: steps 2 and 4
     assert pipeline_run["xcom"]("plan_evaluations") == [2, 4]

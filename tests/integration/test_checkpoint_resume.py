@@ -239,3 +239,61 @@ def test_a_corrupted_shard_fails_resume_naming_the_file(tmp_path: Path, referenc
     assert len(info.value.problems) == 1
     assert info.value.problems[0].startswith("actor/__1_0.distcp: sha256 mismatch")
     assert "actor/__1_0.distcp" in str(info.value)
+
+
+def _node_local(root: Path, run_name: str) -> list[str]:
+    """``rlhf train`` overrides: no shared root, one node folder per rank (two disks), the S3 store."""
+    return [
+        REMOTE,
+        "trainer.shared_checkpoint_root=false",
+        f"trainer.node_checkpoint_root={root}/node{{rank}}",
+        f"trainer.run_name={run_name}",
+    ]
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow  # two training runs besides the reference: 41 s on a quiet machine, 2-3x under load
+def test_without_a_shared_root_each_rank_uploads_its_shards_and_empty_roots_resume_exactly(
+    tmp_path: Path, preset: str, ray_address: str, moto: MotoServer, reference: Path
+) -> None:
+    import hashlib
+
+    client = moto.client()
+    first = tmp_path / "first"
+    _train(first / "driver", preset, ray_address, _node_local(first, "node-local"), env=moto.env())
+    run_dir = first / "driver" / "tiny-cpu" / "node-local"
+    _assert_same_metrics(_records(run_dir), _records(reference))  # saving this way changes nothing in training
+    # The store: both ranks' shards, rank 0's metadata and scheduler, the driver's state; hashes of the real bytes.
+    prefix = "runs/tiny-cpu/node-local"
+    manifest = json.loads(client.get_object(Bucket=BUCKET, Key=f"{prefix}/global_step_2/MANIFEST.json")["Body"].read())
+    listed = {f["path"]: f for f in manifest["files"]}
+    assert set(listed) == {
+        "actor/.metadata", "actor/__0_0.distcp", "actor/__1_0.distcp", "actor/lr_scheduler.json", "trainer_state.json",
+    }  # fmt: skip
+    for path, entry in listed.items():
+        data = client.get_object(Bucket=BUCKET, Key=f"{prefix}/global_step_2/{path}")["Body"].read()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"]), path
+    assert client.get_object(Bucket=BUCKET, Key=f"{prefix}/latest")["Body"].read() == b"global_step_4"
+    # Where the shards were: each rank's own node folder (emptied after the upload), never the driver's.
+    log = (first / "driver" / "train.log").read_text()
+    for rank, count in ((0, 3), (1, 1)):
+        where = f"{first}/node{rank}/tiny-cpu/node-local/global_step_2"
+        assert f"[actor] rank {rank} wrote {count} file(s)" in log and f"in {where}, uploaded" in log, rank
+    assert _files(first / "node0") == _files(first / "node1") == []
+    assert _files(run_dir) == ["metrics.jsonl", "resolved_config.yaml"]
+
+    # Empty roots elsewhere (a new driver and two new nodes) resume step 2 from the store and train 3 and 4.
+    second = tmp_path / "second"
+    resume = [*_node_local(second, "node-local-2"), f"trainer.resume_mode=s3://{BUCKET}/{prefix}/global_step_2"]
+    _train(second / "driver", preset, ray_address, resume, env=moto.env())
+    resumed = _records(second / "driver" / "tiny-cpu" / "node-local-2")
+    assert [(r["step"], r["training/epoch"]) for r in resumed] == [(3, 1.0), (4, 1.0)]
+    _assert_same_metrics(resumed, _records(reference)[2:])
+    for rank in (0, 1):  # each node downloaded and verified its own copy before loading it
+        node_copy = second / f"node{rank}" / "tiny-cpu" / "node-local-2" / "global_step_2"
+        assert read_manifest(node_copy).model_dump()["files"] == manifest["files"]
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/tiny-cpu/node-local-2/")["Contents"]}
+    assert "runs/tiny-cpu/node-local-2/global_step_4/MANIFEST.json" in keys

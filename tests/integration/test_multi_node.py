@@ -7,17 +7,21 @@ connects to the head and trains tiny-cpu for 2 steps with a checkpoint at step 2
 * placement: the resource pool puts one rank on each node (one STRICT_SPREAD placement group of one bundle per
   node entry; the ranks report the node ids they run on, and those are the two raylets');
 * the process group: one gloo group of world size 2 spans both nodes (the driver logs it from the ranks);
-* checkpoints without a shared run folder: a second ``rlhf train`` to step 3 with an *empty* local checkpoint
-  root of its own (another machine's disk) resumes from the S3 copy only (downloaded, verified, then loaded by
-  both ranks) and trains step 3 once.
+* checkpoints without a shared filesystem (``trainer.shared_checkpoint_root=false``): each rank writes its DCP
+  shards into its own node's folder (``node_checkpoint_root=<disk>/node{rank}``: one folder per raylet), uploads
+  them to S3 itself and deletes them; the driver writes the manifest after both uploads; its own run folder never
+  holds a shard;
+* a second ``rlhf train`` to step 3 with *empty* folders of its own (another driver's and two other nodes' disks)
+  resumes from the S3 copy only (downloaded and verified on the driver and on each node, then loaded by both
+  ranks) and trains step 3 once.
 
-Not covered here: separate machines (both raylets share this machine's filesystem and loopback), so each rank still
-writes its DCP shards into the driver's run folder; NCCL across nodes. 52 s here (slow: near the default suite's
-budget).
+Not covered here: separate machines (both raylets share this machine's filesystem and loopback: the node folders
+stand for two disks); NCCL across nodes. 47 s here on a quiet machine (slow: near the default suite's budget).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -81,6 +85,8 @@ def _train(cluster: Any, s3: Any, root: Path, steps: int, log: Path) -> str:
         "trainer.experiment_name=multinode",
         "trainer.run_name=two-raylets",
         f"trainer.remote_store_url=s3://{BUCKET}/runs",
+        "trainer.shared_checkpoint_root=false",  # the ranks upload their own shards (credentials forwarded)
+        f"trainer.node_checkpoint_root={root}/node{{rank}}",
         "trainer.logger=[console,jsonl]",
     ]
     env = {
@@ -123,18 +129,26 @@ def test_two_ranks_on_two_raylets_train_and_resume_from_the_remote_store(
         assert len(nodes) == 2 and set(nodes) == node_ids, (role, nodes, node_ids)
     # One gloo process group of world size 2 over both nodes (the training's collectives ran on it).
     assert re.search(r"\] gloo process group of 2 rank\(s\) across 2 node\(s\)", first)
-    run_a = tmp_path / "disk_a" / "multinode" / "two-raylets"
-    assert (run_a / "latest").read_text().strip() == "global_step_2"
-    manifest = json.loads((run_a / "global_step_2" / "MANIFEST.json").read_text())
+    client = s3.client()
+    prefix = "runs/multinode/two-raylets"
+    assert client.get_object(Bucket=BUCKET, Key=f"{prefix}/latest")["Body"].read() == b"global_step_2"
+    manifest = json.loads(client.get_object(Bucket=BUCKET, Key=f"{prefix}/global_step_2/MANIFEST.json")["Body"].read())
     shards = sorted(f["path"] for f in manifest["files"] if f["path"].startswith("actor/__"))
     assert shards == ["actor/__0_0.distcp", "actor/__1_0.distcp"], shards  # one writer per rank, both listed
-    client = s3.client()
-    keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/multinode/two-raylets/")["Contents"]}
-    for name in (*shards, "MANIFEST.json", "trainer_state.json"):
-        assert f"runs/multinode/two-raylets/global_step_2/{name}" in keys, sorted(keys)
-    # Another disk: nothing local, so the run resumes from S3 alone and trains step 3 once.
+    for entry in manifest["files"]:  # what each rank hashed on its node is what the store holds
+        data = client.get_object(Bucket=BUCKET, Key=f"{prefix}/global_step_2/{entry['path']}")["Body"].read()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"], entry["sha256"]), entry["path"]
+    disk_a = tmp_path / "disk_a"
+    for rank in (0, 1):  # written on its own node's disk, uploaded from there, deleted
+        assert f"[actor] rank {rank} wrote" in first and f"in {disk_a}/node{rank}/multinode/two-raylets" in first
+    assert not [p for p in disk_a.rglob("*") if p.is_file() and p.name.endswith(".distcp")]
+    assert not (disk_a / "multinode" / "two-raylets" / "global_step_2").exists()  # the driver's run folder
+    # Other disks: nothing local, so the run resumes from S3 alone and trains step 3 once.
     second = _train(cluster, s3, tmp_path / "disk_b", 3, tmp_path / "second.log")
     assert "downloading checkpoint s3://" in second and "resumed from" in second, second[-3000:]
+    for rank in (0, 1):  # each node fetched its own verified copy
+        node_copy = tmp_path / "disk_b" / f"node{rank}" / "multinode" / "two-raylets" / "global_step_2"
+        assert json.loads((node_copy / "MANIFEST.json").read_text())["files"] == manifest["files"]
     run_b = tmp_path / "disk_b" / "multinode" / "two-raylets"
     steps = [json.loads(line)["step"] for line in (run_b / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert steps == [3], steps

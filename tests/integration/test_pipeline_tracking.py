@@ -7,11 +7,14 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
 
-from rlhf_ops.pipeline.layout import run_key
+from rlhf_ops.pipeline.job_results import read_result
+from rlhf_ops.pipeline.jobs import run_job
+from rlhf_ops.pipeline.layout import RunLayout, run_key
 from rlhf_ops.pipeline.register import download_champion
 from rlhf_ops.pipeline.tracking import end_tracking, start_tracking
 from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
@@ -80,30 +83,72 @@ def test_start_tracking_is_idempotent_and_logs_what_is_known(tracking_uri: str, 
     assert run.info.status == "FAILED" and run.data.tags["ray.submission_id"] == "af-x"
 
 
-def test_warm_start_downloads_the_champion_once(tracking_uri: str, tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    assert download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri) is None
+def _register_champion(tracking_uri: str, name: str, files: dict[str, bytes], folder: Path) -> None:
+    """Log ``files`` as a model folder of a new run, register it as version 1 of ``name`` and make it the champion."""
     client = MlflowClient(tracking_uri)
-    run_id = client.create_run(client.create_experiment("warm-start-it")).info.run_id
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "config.json").write_text('{"model_type": "llama"}')
-    (hf / "model.safetensors").write_bytes(b"\0" * 16)
-    model_uri = MlflowLogger(run_id, tracking_uri=tracking_uri, log_system_metrics=False).log_model_dir(hf)
+    run_id = client.create_run(client.create_experiment(f"{name}-exp")).info.run_id
+    folder.mkdir()
+    for rel, data in files.items():
+        (folder / rel).write_bytes(data)
+    model_uri = MlflowLogger(run_id, tracking_uri=tracking_uri, log_system_metrics=False).log_model_dir(folder)
     assert model_uri is not None
     version, champion = register_candidate(
         run_id=run_id,
         model_uri=model_uri,
-        registered_name="pipeline-it-model",
+        registered_name=name,
         metric_name="eval/acc",
         metric_value=0.5,
         tracking_uri=tracking_uri,
     )
     assert (version.version, champion) == ("1", None)
-    move_alias(registered_name="pipeline-it-model", version="1", previous=None, tracking_uri=tracking_uri)
+    move_alias(registered_name=name, version="1", previous=None, tracking_uri=tracking_uri)
+
+
+def test_warm_start_downloads_the_champion_once(tracking_uri: str, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    assert download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri) is None
+    hf = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\0" * 16}
+    _register_champion(tracking_uri, "pipeline-it-model", hf, tmp_path / "hf")
     folder = download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri)
     assert folder is not None and Path(folder, "config.json").read_text() == '{"model_type": "llama"}'
     assert Path(folder).is_relative_to(models / "pipeline-it-model" / "v1")
     Path(folder, "model.safetensors").write_bytes(b"kept")  # a second call reuses the folder, downloads nothing
     assert download_champion("pipeline-it-model", models_dir=str(models), tracking_uri=tracking_uri) == folder
     assert Path(folder, "model.safetensors").read_bytes() == b"kept"
+
+
+def test_fetch_champion_job_downloads_the_champion_into_the_work_folder_and_writes_its_result(
+    tracking_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # as RayTaskJobOperator passes mlflow_default
+    layout = RunLayout.for_run(dag_id="fetch_dag", run_id="manual__1", work_dir=str(tmp_path / "work"))
+
+    def job(name: str, submission_id: str) -> dict[str, Any]:
+        request = {"registered_name": name, "layout": layout.to_dict()}
+        env = {"RLHF_SUBMISSION_ID": submission_id, "RLHF_JOB_REQUEST": json.dumps(request)}
+        code = run_job("fetch_champion", result_dir=layout.jobs_dir, environ=env)
+        result = read_result(layout.jobs_dir, submission_id)
+        assert result is not None and code == (0 if result["status"] == "ok" else 2), (code, result)
+        return result
+
+    # The first run of a pipeline: no champion yet, preflight keeps the preset's model.
+    none = job("fetch-it-model", "af-first")
+    assert none == {"status": "ok", "value": {"registered_name": "fetch-it-model", "version": None, "model_dir": None}}
+    weights = bytes(range(256)) * 4
+    hf = {"config.json": b'{"model_type": "llama"}', "model.safetensors": weights, "tokenizer.json": b"{}"}
+    _register_champion(tracking_uri, "fetch-it-model", hf, tmp_path / "hf")
+    value = job("fetch-it-model", "af-second")["value"]
+    version_dir = Path(layout.models_dir) / "fetch-it-model" / "v1"
+    assert value["version"] == "1" and value["registered_name"] == "fetch-it-model"
+    model_dir = Path(value["model_dir"])
+    assert model_dir.is_relative_to(version_dir)  # <work>/models/<name>/v<version>/...: keyed by version
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == hf  # the registered files, byte for byte
+    assert (version_dir / ".complete").read_text() == "fetch-it-model v1\n"
+    assert [p.name for p in version_dir.parent.iterdir()] == ["v1"]  # no temporary download left beside it
+    assert job("fetch-it-model", "af-second-retry")["value"] == value  # a retry reuses the folder
+
+    # A champion that is no HF model folder: a mistake no retry fixes, as a non-retryable error result.
+    _register_champion(tracking_uri, "fetch-bad-model", {"weights.bin": b"x"}, tmp_path / "bad")
+    bad = job("fetch-bad-model", "af-bad")
+    assert (bad["status"], bad["retryable"]) == ("error", False)
+    assert bad["error"] == "fetch-bad-model v1 has no config.json; register an HF model folder"

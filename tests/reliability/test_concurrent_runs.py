@@ -316,6 +316,7 @@ def _check_isolated(stack: Stack, runs: list[tuple[str, dict[str, Any], int, flo
     seen: dict[str, dict[str, Any]] = {}
     for run_id, _conf, steps, lr, seed in runs:
         states = _task_states(stack, run_id)
+        assert states.pop("fetch_champion[-1]") == "skipped", states  # warm_start: scratch
         assert {s for t, s in states.items() if t != "promote_champion[-1]"} == {"success"}, states
         layout = _xcom(stack, run_id, "preflight", "layout")
         key = layout["run_key"]

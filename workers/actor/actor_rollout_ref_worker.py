@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.config.batch_plan import BatchPlan, require_optimizer_steps
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
@@ -25,7 +26,13 @@ from rlhf_ops.models.modality import media_token_ids
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable, rollout_logprobs_mode
 from workers.actor.dp_actor import DataParallelPPOActor
-from workers.checkpointing import gather_full_state_dict, load_role_checkpoint, save_role_checkpoint
+from workers.checkpointing import (
+    fetch_role_dir,
+    gather_full_state_dict,
+    load_role_checkpoint,
+    save_role_checkpoint,
+    save_role_to_store,
+)
 from workers.fsdp.lora import adapters_disabled
 from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
@@ -344,6 +351,18 @@ class ActorRolloutRefWorker(Worker):
         load_role_checkpoint(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
         if self.sharding_manager is not None:
             self.sharding_manager.mark_dirty()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint_to_store(self, ckpt: NodeCheckpoint, role: str) -> RankUpload:
+        """Without a shared filesystem: this rank's shards on its node, uploaded to ``ckpt.remote_url``."""
+        self._need("actor", "save_checkpoint_to_store")
+        assert self.actor is not None and self.actor.optimizer is not None
+        return save_role_to_store(ckpt, role, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None:
+        """Without a shared filesystem: loads the node's copy of ``ckpt.remote_url`` (downloaded once per node)."""
+        self.load_checkpoint(fetch_role_dir(ckpt, role))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.config.batch_plan import PPOPlan, require_optimizer_steps
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, ModelConfig
 from rlhf_ops.protocol import DataProto
-from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
+from workers.checkpointing import fetch_role_dir, load_role_checkpoint, save_role_checkpoint, save_role_to_store
 from workers.critic.dp_critic import DataParallelPPOCritic
 from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
@@ -133,3 +134,14 @@ class CriticWorker(Worker):
     def load_checkpoint(self, path: str) -> None:
         critic = self._critic()
         load_role_checkpoint(path, critic.module, critic.optimizer, critic.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint_to_store(self, ckpt: NodeCheckpoint, role: str) -> RankUpload:
+        """Without a shared filesystem: this rank's shards on its node, uploaded to ``ckpt.remote_url``."""
+        critic = self._critic()
+        return save_role_to_store(ckpt, role, critic.module, critic.optimizer, critic.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None:
+        """Without a shared filesystem: loads the node's copy of ``ckpt.remote_url`` (downloaded once per node)."""
+        self.load_checkpoint(fetch_role_dir(ckpt, role))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ def build_loggers(config: RunConfig, run_dir: Path) -> Any:
 def _init_ray(address: str | None, config: RunConfig) -> None:
     import ray
 
+    from rlhf_ops.storage.stores import store_environment
+
     if ray.is_initialized():
         return
     # Worker threads follow resources.num_cpus_per_worker (not the driver's OMP_NUM_THREADS, which env.sh
@@ -56,6 +59,10 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine lives in the worker process (weights updated in place)
     }
+    if not config.trainer.shared_checkpoint_root and "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
+        # The ranks upload their own shards, so they need the store's credentials and endpoint, as this driver
+        # has them. A Ray job's runtime env already reaches its workers (adding its keys again would conflict).
+        env.update(store_environment())
     if address:
         ray.init(address=address, runtime_env={"env_vars": env})
     else:  # a local cluster: its worker processes die with this driver, however it dies
@@ -172,6 +179,10 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             remote = "/".join(
                 [config.trainer.remote_store_url.rstrip("/"), config.trainer.experiment_name, config.trainer.run_name]
             )
+        node_run_dir = None
+        if not config.trainer.shared_checkpoint_root:  # each rank writes on its own node: {rank} stays for it
+            node_root = config.trainer.node_checkpoint_root or config.trainer.checkpoint_root
+            node_run_dir = "/".join([node_root.rstrip("/"), config.trainer.experiment_name, config.trainer.run_name])
         checkpointer = CheckpointManager(
             run_dir,
             roles=roles,
@@ -179,6 +190,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             keep_last=config.trainer.keep_last,
             resume_mode=config.trainer.resume_mode,
             hf_base_model_path=model_path if config.trainer.save_hf_model else None,
+            node_run_dir=node_run_dir,
         )
         trainer = PPOTrainer(
             config,

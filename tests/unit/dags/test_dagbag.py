@@ -40,7 +40,10 @@ def test_every_dag_has_tags_retries_and_a_static_start(dagbag: Any) -> None:
 def test_pipeline_shape(dagbag: Any) -> None:
     dag = dagbag.dags["rlhf_ppo"]
     up = {t.task_id: set(t.upstream_task_ids) for t in dag.tasks}
-    assert up["preflight"] == {"prepare_data"}
+    # fetch_champion (a Ray job, skipped unless warm_start is champion) runs beside prepare_data; preflight runs
+    # after both, also when fetch_champion was skipped
+    assert up["fetch_champion"] == set() and up["preflight"] == {"prepare_data", "fetch_champion"}
+    assert dag.get_task("preflight").trigger_rule == "none_failed"
     assert up["start_tracking"] == {"preflight", "prepare_data"}
     assert "start_tracking" in up["train"]
     # evaluation waits on the plan and the MLflow run, not on train: it runs while training goes on

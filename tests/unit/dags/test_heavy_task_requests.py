@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 _CODE = """
 import json, sys, types
+from airflow.sdk.exceptions import AirflowSkipException
 from rlhf_pipeline.factory import build_pipeline_dag
 from rlhf_airflow.task_jobs import RayTaskJobOperator
 from rlhf_ops.pipeline.job_results import job_entrypoint
@@ -24,7 +25,7 @@ from rlhf_ops.pipeline.layout import RunLayout
 
 dag = build_pipeline_dag("d")
 heavy = {t.task_id: t for t in dag.tasks if isinstance(t, RayTaskJobOperator)}
-assert sorted(heavy) == ["evaluate.evaluate_checkpoint", "prepare_data", "register_model"], sorted(heavy)
+assert sorted(heavy) == ["evaluate.evaluate_checkpoint", "fetch_champion", "prepare_data", "register_model"]
 params = {k: dag.params[k] for k in dag.params}
 params["work_dir"] = WORK
 ctx = {"dag": dag, "run_id": "manual__1", "params": params}
@@ -42,7 +43,16 @@ reg = heavy["register_model"].build_request(
     {"layout": layout.to_dict(), "config": config, "mlflow_run_id": "abc", "registered_name": "m", "move": False}, ctx
 )
 assert reg.request["move"] is False and reg.request["metric"] == "eval/reward/mean"
-json.dumps([prep.request, ev.request, reg.request])  # what goes into $RLHF_JOB_REQUEST
+try:  # warm_start scratch (the default): skipped before anything is submitted
+    heavy["fetch_champion"].build_request({}, ctx)
+    raise AssertionError("fetch_champion was not skipped")
+except AirflowSkipException as exc:
+    assert "warm_start is 'scratch'" in str(exc)
+champ_ctx = {**ctx, "params": {**params, "warm_start": "champion"}}
+fetch = heavy["fetch_champion"].build_request({}, champ_ctx)
+assert fetch.request == {"registered_name": "d-tiny-cpu", "layout": layout.to_dict()}
+assert fetch.result_dir == layout.jobs_dir and fetch.num_gpus is None
+json.dumps([prep.request, ev.request, reg.request, fetch.request])  # what goes into $RLHF_JOB_REQUEST
 print(job_entrypoint("evaluate", ev.result_dir))
 heavy_mods = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
 assert not heavy_mods, heavy_mods

@@ -91,19 +91,26 @@ sys.path.append({str(ROOT / "dags")!r})
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
 from airflow.sdk.exceptions import AirflowFailException
 from rlhf_pipeline import tasks
-try:
-    tasks.preflight(json.loads({json.dumps(prepared)!r}), conns={{"s3_conn_id": None, "mlflow_conn_id": None}},
+try:  # fetch_champion was skipped (warm_start scratch): its XCom is None
+    tasks.preflight(json.loads({json.dumps(prepared)!r}), None, conns={{"s3_conn_id": None, "mlflow_conn_id": None}},
                     ray_conn_id="ray_default", params=json.loads({json.dumps(params)!r}),
                     override_policy={{"extra_allowed": ["reward.reward_fn"]}},  # a spec that lets the form set it
                     dag=SimpleNamespace(dag_id="d"), run_id="manual__1")
 except AirflowFailException as exc:
     print("FAILED:", str(exc).splitlines()[0])
+warm = {{**json.loads({json.dumps(params)!r}), "warm_start": "champion", "overrides": []}}
+try:  # fetch_champion's result: its model folder becomes model.path (here one that is not there)
+    tasks.preflight(json.loads({json.dumps(prepared)!r}), {{"model_dir": {str(tmp_path / "champion")!r}}},
+                    conns={{"s3_conn_id": None, "mlflow_conn_id": None}}, ray_conn_id="ray_default", params=warm,
+                    dag=SimpleNamespace(dag_id="d"), run_id="manual__1")
+except AirflowFailException as exc:
+    print("FAILED2:", [line for line in str(exc).splitlines() if "model.path" in line])
 print("torch imported:", "torch" in sys.modules)
 """
     proc, _ = _run("-c", code, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    logged = [line for line in lines if "error: " in line]  # Airflow's structlog decorates the line
+    logged = [line for line in lines if "error: reward.reward_fn" in line]  # structlog decorates the line
     assert len(logged) == 1, proc.stdout
     assert (
         "error: reward.reward_fn: reward function 'nope:fn': cannot import module 'nope' (No module named 'nope'). "
@@ -111,6 +118,8 @@ print("torch imported:", "torch" in sys.modules)
         "('package.module:function')" in logged[0]
     )
     assert "FAILED: preflight found 1 problem(s); nothing was started:" in lines
+    (warm,) = [line for line in lines if line.startswith("FAILED2:")]
+    assert f"model.path: {tmp_path / 'champion'}" in warm, warm
     assert lines[-1] == "torch imported: False"
 
 
