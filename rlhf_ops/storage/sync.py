@@ -222,7 +222,8 @@ def _plan(
     fs: AbstractFileSystem, ckpt: str, manifest: Manifest, old: Manifest | None, transfer: _Transfer
 ) -> tuple[list[FileEntry], list[FileEntry], dict[str, int]]:
     """``(to upload, already there, remote listing)``; see the module docstring for "already there"."""
-    listing = list_file_sizes(ckpt, fs=fs)
+    # a listing is a request like any other: a 503 / reset on it is retried, not a failed sync
+    listing = call_with_retries(lambda: list_file_sizes(ckpt, fs=fs), policy=transfer.policy, what=f"list {ckpt}")
     known = {e.path: e.sha256 for e in old.files} if old is not None else {}
     todo: list[FileEntry] = []
     skip: list[FileEntry] = []
@@ -361,11 +362,14 @@ def advance_latest(fs: AbstractFileSystem, run_root: str, step: int, *, policy: 
     Returns:
         Whether ``latest`` was written.
     """
-    current = read_latest(run_root, fs=fs)
+    # every read here is a request that may meet a transient error: retried like the writes
+    current = call_with_retries(lambda: read_latest(run_root, fs=fs), policy=policy, what=f"read {run_root}/latest")
     if current == step:
         return False
-    if current is not None and current > step and is_complete(join_path(run_root, step_dir_name(current)), fs=fs):
-        return False
+    if current is not None and current > step:
+        newer = join_path(run_root, step_dir_name(current))
+        if call_with_retries(lambda: is_complete(newer, fs=fs), policy=policy, what=f"check {newer}"):
+            return False
     call_with_retries(lambda: update_latest(run_root, step, fs=fs), policy=policy, what=f"update {run_root}/latest")
     return True
 
