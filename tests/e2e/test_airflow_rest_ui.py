@@ -275,6 +275,7 @@ def test_rest_api_trigger_with_param_overrides_runs_to_success(stack: Stack, dag
     run_id = run["dag_run_id"]
     states = _task_states(stack, run_id)
     # promote_champion is skipped when an earlier run of this stack left a champion this one does not beat
+    assert states.pop("fetch_champion[-1]") == "skipped", states  # warm_start: scratch (no job submitted)
     assert {s for t, s in states.items() if t != "promote_champion[-1]"} == {"success"}, states
     assert states["promote_champion[-1]"] in ("success", "skipped"), states
     assert "evaluate.evaluate_checkpoint[0]" in states and "evaluate.evaluate_checkpoint[1]" not in states
@@ -486,6 +487,7 @@ def test_trigger_form_in_chromium_runs_to_success(stack: Stack, dag_ready: None,
         assert run["conf"]["overrides"] == UI_OVERRIDES and run["conf"]["preset"] == "tiny-cpu"  # a default
         assert run["conf"]["remote_store_url"] == stack.remote_root.as_uri()  # fixed after the refusal
         states = _task_states(stack, run_id)
+        assert states.pop("fetch_champion[-1]") == "skipped", states  # warm_start: scratch (no job submitted)
         assert {s for t, s in states.items() if t != "promote_champion[-1]"} == {"success"}, states
         assert states["promote_champion[-1]"] in ("success", "skipped"), states  # a tie with the REST run's
         params, steps = _mlflow_params_and_steps(stack, _xcom(stack, run_id, "start_tracking", "mlflow_run_id"))
