@@ -42,26 +42,17 @@ from tests.support.airflow_services import (
     postgres_database,
     postgres_unavailable_reason,
 )
+from tests.support.chromium import VIEWPORT, around, chromium_page, png_size, settle
 from tests.support.mlflow_server import mlflow_server
 
 if TYPE_CHECKING:
-    from playwright.sync_api import FloatRect, Page
+    from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "rlhf_ppo"
 RUN_TIMEOUT_S = 480.0
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT = {"width": 1280, "height": 800}
 # Fast settings: 2 steps with the preset's save_freq (50) give one checkpoint, at step 2.
 REST_CONF: dict[str, Any] = {
     "total_training_steps": 2,
@@ -295,30 +286,6 @@ def test_rest_api_trigger_with_param_overrides_runs_to_success(stack: Stack, dag
     assert registered["registered_name"] == "rlhf_ppo-tiny-cpu" and registered["best_step"] == 2
 
 
-@contextlib.contextmanager
-def _chromium_page(shots: Path) -> Iterator[Page]:
-    """A 1280x800 page in Debian's Chromium; a screenshot ``failure.png`` if the block raises."""
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} not found: apt-get install -y chromium")
-    from playwright.sync_api import expect, sync_playwright
-
-    # Assertions wait up to 30 s (Playwright's default is 5 s): the UI renders slowly on a loaded 2-core machine.
-    expect.set_options(timeout=30_000)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=VIEWPORT)  # type: ignore[arg-type]
-            page.set_default_timeout(30_000)
-            try:
-                yield page
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    page.screenshot(path=shots / "failure.png")
-                raise
-        finally:
-            browser.close()
-
-
 def _sign_in_and_open_dag(page: Page, af: AirflowServices, shots: Path) -> None:
     """Sign in on the DAG list, then open ``rlhf_ppo`` from it."""
     from playwright.sync_api import expect
@@ -328,7 +295,7 @@ def _sign_in_and_open_dag(page: Page, af: AirflowServices, shots: Path) -> None:
     page.get_by_label("Password").fill(af.password)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("link", name=DAG_ID, exact=True)).to_be_visible()
-    _settle(page)
+    settle(page)
     page.screenshot(path=shots / "airflow_dags.png")
     page.get_by_role("link", name=DAG_ID, exact=True).click()
     page.wait_for_url(re.compile(rf"/dags/{DAG_ID}$"))
@@ -390,12 +357,12 @@ def _screenshots_of_run(page: Page, stack: Stack, run_id: str, shots: Path) -> N
     run_url = f"{stack.airflow.base_url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}"
     page.goto(f"{run_url}/tasks/train")
     expect(page.get_by_text(re.compile(r"Ray job \S+ succeeded")).first).to_be_visible()
-    _settle(page)
+    settle(page)
     page.screenshot(path=shots / "airflow_train_log.png")
     page.goto(f"{run_url}/tasks/train/details")
     for link in ("MLflow run", "Ray job"):  # the plugin's extra links (the file:// checkpoint link is not shown)
         expect(page.get_by_role("link", name=link).or_(page.get_by_role("button", name=link)).first).to_be_visible()
-    _settle(page)
+    settle(page)
     page.screenshot(path=shots / "airflow_train_links.png")
     # The graph view is documentation (every task's state is asserted through the REST API); on a loaded
     # 2-core machine its first render can outlast the click timeout, so it gets a second try.
@@ -422,7 +389,7 @@ def _graph_screenshot(page: Page, run_url: str, shots: Path) -> None:
     page.locator("button.react-flow__controls-fitview").click()
     expect(page.get_by_text("evaluate_checkpoint [0]")).to_be_visible(timeout=60_000)
     page.wait_for_timeout(1000)  # the fit-view animation
-    page.screenshot(path=shots / "airflow_run_graph.png", clip=_around(page, ".react-flow__node", margin=24))
+    page.screenshot(path=shots / "airflow_run_graph.png", clip=around(page, ".react-flow__node", margin=24))
 
 
 def _mlflow_screenshots(page: Page, mlflow_run_url: str, shots: Path) -> None:
@@ -444,33 +411,10 @@ def _mlflow_screenshots(page: Page, mlflow_run_url: str, shots: Path) -> None:
     page.screenshot(path=shots / "mlflow_run_metrics.png")
 
 
-def _settle(page: Page) -> None:
-    """Wait until the page has fetched what it shows (grid squares, log lines) before a screenshot."""
-    with contextlib.suppress(Exception):
-        page.wait_for_load_state("networkidle", timeout=10_000)
-
-
-def _around(page: Page, selector: str, *, margin: int) -> FloatRect:
-    """The box around every element matching ``selector``, plus ``margin`` pixels, inside the viewport."""
-    boxes = [b for b in (el.bounding_box() for el in page.locator(selector).all()) if b is not None]
-    assert boxes, selector
-    x0 = max(0.0, min(b["x"] for b in boxes) - margin)
-    y0 = max(0.0, min(b["y"] for b in boxes) - margin)
-    x1 = min(float(VIEWPORT["width"]), max(b["x"] + b["width"] for b in boxes) + margin)
-    y1 = min(float(VIEWPORT["height"]), max(b["y"] + b["height"] for b in boxes) + margin)
-    return {"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0}
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n", path
-    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-
-
 def test_trigger_form_in_chromium_runs_to_success(stack: Stack, dag_ready: None, screenshot_dir: Path) -> None:
     from playwright.sync_api import expect
 
-    with _chromium_page(screenshot_dir) as page:
+    with chromium_page(screenshot_dir) as page:
         _sign_in_and_open_dag(page, stack.airflow, screenshot_dir)
         run_id = _trigger_from_form(page, stack, screenshot_dir)
         run = _wait_for_run(stack, run_id)  # via REST too, to fail fast with the task errors
@@ -480,7 +424,7 @@ def test_trigger_form_in_chromium_runs_to_success(stack: Stack, dag_ready: None,
         # After a reload the UI shows the untranslated key ("states.success") until its i18n bundle has
         # loaded: seconds on a loaded 2-core machine, so the default 5 s expect timeout is too short.
         expect(page.get_by_test_id("state-badge").first).to_have_text("Success", timeout=60_000)
-        _settle(page)
+        settle(page)
         page.screenshot(path=screenshot_dir / "airflow_run_grid.png")
         assert run["triggered_by"] == "ui"
         assert (run["conf"]["total_training_steps"], run["conf"]["rollout_n"]) == (2, 4)
@@ -497,7 +441,7 @@ def test_trigger_form_in_chromium_runs_to_success(stack: Stack, dag_ready: None,
         _screenshots_of_run(page, stack, run_id, screenshot_dir)
     optional = ("mlflow_", "airflow_run_graph")  # documentation-only screenshots (see _screenshots_of_run)
     taken = [name for name in SCREENSHOTS if not name.startswith(optional) or (screenshot_dir / name).exists()]
-    sizes = {name: _png_size(screenshot_dir / name) for name in taken}
+    sizes = {name: png_size(screenshot_dir / name) for name in taken}
     if "airflow_run_graph.png" in sizes:
         graph_w, graph_h = sizes.pop("airflow_run_graph.png")  # cropped to the graph
         assert 600 < graph_w <= 1280 and 100 < graph_h <= 800, (graph_w, graph_h)
