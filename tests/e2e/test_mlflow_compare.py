@@ -22,7 +22,7 @@ import pytest
 
 from rlhf_ops.pipeline.tracking import start_tracking
 from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
-from tests.e2e.test_airflow_rest_ui import _chromium_page
+from tests.support.chromium import chromium_page
 from tests.support.mlflow_server import mlflow_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -75,7 +75,7 @@ def test_compare_view_of_two_runs(tracking_uri: str, tmp_path: Path) -> None:
     shots = Path(os.environ.get("RLHF_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     query = urllib.parse.urlencode({"runs": json.dumps([a, b]), "experiments": json.dumps([exp])})
-    with _chromium_page(shots) as page:
+    with chromium_page(shots) as page:
         page.goto(f"{tracking_uri}/#/compare-runs?{query}")
         expect(page.get_by_text("pipeline.algorithm").first).to_be_visible()
         for text in ("pipeline.data_sha256", "pipeline.dag_run", "pipeline.platform_commit", "pipeline.model"):
