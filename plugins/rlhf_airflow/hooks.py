@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
-from airflow.sdk.log import mask_secret
+from airflow.sdk.log import amask_secret, mask_secret
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -118,30 +118,50 @@ class RayJobHook(BaseHook):
 
     def client_config(self) -> tuple[str, dict[str, str], bool | str]:
         """Resolve ``(dashboard_address, headers, verify)`` from the override and the connection (cached)."""
-        if self._config is not None:
-            return self._config
-        try:
-            conn: Connection | None = self.get_connection(self.ray_conn_id)
-        except AirflowNotFoundException:
-            if not self.address_override:
-                raise
-            conn = None
+        if self._config is None:
+            try:
+                conn: Connection | None = self.get_connection(self.ray_conn_id)
+            except AirflowNotFoundException:
+                if not self.address_override:
+                    raise
+                conn = None
+            if conn is not None and conn.password:
+                mask_secret(conn.password)
+            self._config = self._resolve(conn, conn.extra_dejson if conn is not None else {})
+        return self._config
+
+    async def aclient_config(self) -> tuple[str, dict[str, str], bool | str]:
+        """``client_config`` for async callers (the triggerer): the connection is read without blocking the loop.
+
+        The trigger calls this instead of carrying the headers in its kwargs, which Airflow stores in its metadata
+        DB: the token then lives only in the connection (its secrets backend) and in the triggerer's memory.
+        """
+        if self._config is None:
+            try:
+                conn: Connection | None = await self.aget_connection(self.ray_conn_id)
+            except AirflowNotFoundException:
+                if not self.address_override:
+                    raise
+                conn = None
+            if conn is not None and conn.password:
+                await amask_secret(conn.password)  # the sync call would block the triggerer's loop on the supervisor
+            self._config = self._resolve(conn, await conn.aextra_dejson() if conn is not None else {})
+        return self._config
+
+    def _resolve(self, conn: Connection | None, extra: Mapping[str, Any]) -> tuple[str, dict[str, str], bool | str]:
         headers: dict[str, str] = {}
         verify: bool | str = True
         if conn is not None:
-            extra = conn.extra_dejson
             headers = _parse_headers(extra.get("headers"), conn_id=self.ray_conn_id)
             verify = _parse_verify(extra.get("verify"))
             if conn.password and not any(k.lower() == "authorization" for k in headers):
-                mask_secret(conn.password)
                 headers["Authorization"] = f"Bearer {conn.password}"
         if self.address_override:
             address = normalize_dashboard_address(self.address_override)
         else:
-            assert conn is not None  # the lookup above re-raises when there is no override
+            assert conn is not None  # the lookup re-raises when there is no override
             address = _address_from_connection(conn)
-        self._config = (address, headers, verify)
-        return self._config
+        return address, headers, verify
 
     @property
     def dashboard_address(self) -> str:

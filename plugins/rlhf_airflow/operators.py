@@ -183,15 +183,13 @@ class RayJobOperator(BaseOperator):
         if not self.wait_for_completion:
             return submission_id
         if self.deferrable:
-            address, headers, verify = self.hook.client_config()
             self.defer(
                 trigger=RayJobTrigger(
-                    address,
+                    self.hook.dashboard_address,
                     submission_id,
                     poll_interval=self.poll_interval,
                     timeout=self.job_timeout,
-                    headers=headers,
-                    verify=verify,
+                    ray_conn_id=self.ray_conn_id,
                 ),
                 method_name="execute_complete",
             )

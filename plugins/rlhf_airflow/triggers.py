@@ -115,9 +115,10 @@ class RayJobTrigger(BaseTrigger):
         poll_interval: Seconds between polls.
         log_offset: Characters of the log already shown (lines after it are streamed).
         timeout: See ``RayJobWatcher``; None waits forever.
-        headers: HTTP headers for the job server (e.g. ``Authorization``). Trigger kwargs are stored
-            encrypted (Fernet) in the metadata DB, but keep tokens short-lived where possible.
-        verify: TLS verification for the job server: bool or a CA bundle path.
+        ray_conn_id: Airflow connection (type ``ray``) whose token, headers and TLS ``verify`` the triggerer
+            reads when it creates its client (``RayJobHook.aclient_config``). Only the connection's id is in
+            the kwargs: Airflow stores them in its ``trigger`` table (in plaintext when no Fernet key is set),
+            so no token or header is ever passed here. None: no headers, TLS verified with the system CAs.
     """
 
     def __init__(
@@ -128,8 +129,7 @@ class RayJobTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         log_offset: int = 0,
         timeout: float | None = None,
-        headers: dict[str, str] | None = None,
-        verify: bool | str = True,
+        ray_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.dashboard_address = dashboard_address
@@ -137,8 +137,7 @@ class RayJobTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.log_offset = int(log_offset)
         self.timeout = None if timeout is None else float(timeout)
-        self.headers = dict(headers or {})
-        self.verify = verify
+        self.ray_conn_id = ray_conn_id
         self._client: JobSubmissionClient | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -151,14 +150,20 @@ class RayJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "log_offset": self.log_offset,
                 "timeout": self.timeout,
-                "headers": dict(self.headers),
-                "verify": self.verify,
+                "ray_conn_id": self.ray_conn_id,
             },
         )
 
     async def _get_client(self) -> JobSubmissionClient:
         if self._client is None:
-            self._client = await asyncio.to_thread(make_client, self.dashboard_address, self.headers, self.verify)
+            headers: dict[str, str] = {}
+            verify: bool | str = True
+            if self.ray_conn_id:
+                from rlhf_airflow.hooks import RayJobHook
+
+                hook = RayJobHook(self.ray_conn_id, address=self.dashboard_address)
+                _, headers, verify = await hook.aclient_config()
+            self._client = await asyncio.to_thread(make_client, self.dashboard_address, headers, verify)
         return self._client
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -51,8 +51,8 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _trigger_for(hook: RayJobHook, submission_id: str) -> RayJobTrigger:
-    address, headers, verify = hook.client_config()
-    return RayJobTrigger(address, submission_id, poll_interval=0.5, headers=headers, verify=verify)
+    # Only the connection id: the triggerer reads the token from it (the head refuses requests without it).
+    return RayJobTrigger(hook.dashboard_address, submission_id, poll_interval=0.5, ray_conn_id=hook.ray_conn_id)
 
 
 def _first_event(trigger: RayJobTrigger, timeout_s: float = 90) -> dict[str, Any]:
@@ -113,6 +113,28 @@ def test_failed_job_reports_stderr_then_retry_submits_with_resume_mode(ray_head:
     assert sorted(s for s in _submission_ids(hook) if s.startswith(base)) == [base, retry]
 
 
+def test_deferred_trigger_kwargs_hold_no_token_and_the_triggerer_reads_it_from_the_connection(ray_head: str) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.sdk.serde import deserialize, serialize
+
+    token = json.loads(os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"])["password"]
+    op = RayJobOperator(
+        task_id="train", entrypoint="python -c \"print('deferred ok')\"", ray_conn_id=CONN_ID, poll_interval=0.5
+    )
+    ti = _TaskInstance(dag_id="it_secret", run_id=_unique("manual"), task_id="train")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})  # type: ignore[arg-type]
+    classpath, kwargs = deferred.value.trigger.serialize()
+    stored = json.dumps(serialize(kwargs))  # what Airflow writes into its trigger table
+    assert token not in stored and "Authorization" not in stored
+    assert kwargs["ray_conn_id"] == CONN_ID
+    # The triggerer re-creates the trigger from the stored kwargs; the head refuses requests without the token.
+    revived = RayJobTrigger(**deserialize(json.loads(stored)))
+    event = _first_event(revived)
+    assert (event["status"], event["submission_id"]) == ("success", ti.xcoms["ray_submission_id"])
+    assert "deferred ok" in event["log_tail"]
+
+
 def test_operator_and_trigger_on_kill_stop_running_jobs(ray_head: str) -> None:
     sleeper = "python -c \"import time; print('sleeping', flush=True); time.sleep(120)\""
     op = RayJobOperator(task_id="sleepy", entrypoint=sleeper, ray_conn_id=CONN_ID, submission_id=_unique("it-kill-op"))
@@ -136,9 +158,8 @@ def test_job_timeout_yields_timeout_and_execute_complete_stops_the_job(ray_head:
         "python -c \"print('slow', flush=True); import time; time.sleep(120)\"", submission_id=_unique("it-slow")
     )
     _wait_status(hook, submission_id, "RUNNING")
-    address, headers, verify = hook.client_config()
     # Ray's start_time was set at submission (> 0.1 s ago): the first poll of a RUNNING job already times out.
-    trigger = RayJobTrigger(address, submission_id, poll_interval=0.5, timeout=0.1, headers=headers, verify=verify)
+    trigger = RayJobTrigger(hook.dashboard_address, submission_id, poll_interval=0.5, timeout=0.1, ray_conn_id=CONN_ID)
     event = _first_event(trigger)
     assert (event["status"], event["job_status"]) == ("timeout", "RUNNING")
     op = RayJobOperator(task_id="slow", entrypoint="unused", ray_conn_id=CONN_ID)

@@ -156,14 +156,12 @@ def test_a_killed_worker_or_triggerer_reattaches_to_the_same_ray_job(
 
     # Triggerer: killed while it watches a job, then a triggerer runs the same trigger again.
     base2 = hook.submit(job, submission_id=derive_submission_id(dag_id=ti[0], run_id=ti[1], task_id="train_deferred"))
-    address, headers, verify = hook.client_config()
     kwargs = json.dumps(
         {
-            "dashboard_address": address,
+            "dashboard_address": hook.dashboard_address,
             "submission_id": base2,
             "poll_interval": 0.5,
-            "headers": headers,
-            "verify": verify,
+            "ray_conn_id": CONN_ID,
         }
     )
     log = tmp_path / "triggerer.log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -48,6 +49,8 @@ def test_client_config_from_connection_with_token(monkeypatch: pytest.MonkeyPatc
     assert headers == {"X-Team": "rl", "Authorization": "Bearer ray-token-0123456789"}
     assert verify is False
     assert redact("token=ray-token-0123456789") == "token=***"  # the token is registered with the masker
+    # The triggerer's path (async connection read) resolves the same client settings.
+    assert asyncio.run(RayJobHook("ray_cfg").aclient_config()) == (address, headers, verify)
 
 
 def test_explicit_authorization_header_wins_and_scheme_host_kept(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,8 +20,7 @@ def _trigger() -> RayJobTrigger:
         poll_interval=2.5,
         log_offset=42,
         timeout=3600,
-        headers={"Authorization": "Bearer t0ken-xyz"},
-        verify="/etc/ssl/ca.pem",
+        ray_conn_id="ray_prod",
     )
 
 
@@ -40,8 +39,7 @@ def test_serialize_round_trip_recreates_equal_trigger() -> None:
         "poll_interval": 2.5,
         "log_offset": 42,
         "timeout": 3600.0,
-        "headers": {"Authorization": "Bearer t0ken-xyz"},
-        "verify": "/etc/ssl/ca.pem",
+        "ray_conn_id": "ray_prod",  # the token stays in the connection: the kwargs are stored in the metadata DB
     }
 
 
