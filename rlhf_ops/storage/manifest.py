@@ -164,11 +164,27 @@ def _local_file_names(root: Path) -> list[str]:
     return sorted(names)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` sets it, which races with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 def atomic_write_local(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to a local file through a temp file in the same folder, fsync, and ``os.replace``."""
+    """Write ``data`` to a local file through a temp file in the same folder, fsync, and ``os.replace``.
+
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask), not ``mkstemp``'s 0600: a
+    shared work folder is read by other users (the Ray nodes write a job's result, Airflow's worker reads it).
+    """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

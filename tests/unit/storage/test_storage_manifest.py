@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from rlhf_ops.storage.manifest import (
     FileEntry,
     Manifest,
     apply_retention,
+    atomic_write_local,
     find_latest_complete,
     is_complete,
     list_steps,
@@ -166,3 +169,18 @@ def test_manifest_json_round_trip_is_exact() -> None:
     manifest = Manifest(step=3, created_at="2025-01-01T00:00:00+00:00", files=[], extra={"k": [1, 2]})
     assert Manifest.from_json(manifest.to_json(), source="x") == manifest
     assert manifest.total_bytes == 0
+
+
+def test_atomic_write_gives_the_mode_open_would_not_mkstemps_0600(tmp_path: Path) -> None:
+    # A job's result is written on a Ray node (one user) and read by Airflow's worker (another user) through a
+    # shared folder: a 0600 file there failed every heavy task in the podman stack with a PermissionError.
+    old = os.umask(0o027)
+    try:
+        atomic_write_local(tmp_path / "result.json", b"{}")
+        (tmp_path / "plain.json").write_bytes(b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "result.json").stat().st_mode) == stat.S_IMODE(
+        (tmp_path / "plain.json").stat().st_mode
+    )
