@@ -14,6 +14,7 @@ with ``weights_only=True`` by torch).
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import warnings
@@ -59,12 +60,31 @@ _METADATA_GLOBALS = frozenset(
 )
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """Stands in for ``getattr`` in a metadata pickle: only a member of an allow-listed enum.
+
+    Python 3.11.0-3.11.4 pickles an enum member as ``getattr(EnumClass, "NAME")`` (later versions call the class
+    with the value), so a checkpoint written by a Debian bookworm Python (3.11.2) holds ``builtins.getattr``.
+    """
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and (cls.__module__, cls.__qualname__) in _METADATA_GLOBALS
+    ):
+        raise pickle.UnpicklingError(f"DCP .metadata calls getattr on {cls!r}, which is not an allowed enum")
+    if name not in cls.__members__:
+        raise pickle.UnpicklingError(f"DCP .metadata names {cls.__qualname__}.{name}, which is not a member")
+    return cls.__members__[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Resolves only the globals a DCP metadata file needs; anything else is refused before it runs."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _METADATA_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(

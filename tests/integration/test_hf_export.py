@@ -4,12 +4,13 @@ with ``rlhf export``, loaded with ``from_pretrained``; LoRA merge; loading never
 
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pickle
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any
 
 import pytest
@@ -258,3 +259,39 @@ def test_loading_never_runs_pickled_code(tmp_path: Path) -> None:
         read_model_state_dict(ckpt)
     assert not marker.exists()
     assert os.listdir(ckpt)  # untouched otherwise
+
+
+class _Py3112Pickler(pickle.Pickler):
+    """Pickles enum members as Python 3.11.0-3.11.4 does (``getattr(EnumClass, "NAME")``)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def test_metadata_from_a_python_3_11_2_writer_loads_and_getattr_stays_confined(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    # The podman stack's Ray image runs Debian bookworm's Python 3.11.2: its .metadata holds builtins.getattr.
+    ckpt = tmp_path / "actor"
+    dcp.save({"model": {"w": torch.arange(3.0)}}, checkpoint_id=str(ckpt), no_dist=True)
+    with (ckpt / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)
+    payload = io.BytesIO()
+    _Py3112Pickler(payload).dump(metadata)
+    assert b"getattr" in payload.getvalue()
+    (ckpt / ".metadata").write_bytes(payload.getvalue())
+    assert torch.equal(read_model_state_dict(ckpt)["w"], torch.arange(3.0))
+
+    # getattr on anything but an allow-listed enum is refused before it runs.
+    evil = io.BytesIO()
+    pickle.Pickler(evil).dump(_GetattrNonEnum())
+    (ckpt / ".metadata").write_bytes(evil.getvalue())
+    with pytest.raises(pickle.UnpicklingError, match="not an allowed enum"):
+        read_model_state_dict(ckpt)
+
+
+class _GetattrNonEnum:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (getattr, (PosixPath, "touch"))  # an allow-listed class, but not an enum
