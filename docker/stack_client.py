@@ -94,6 +94,31 @@ class Airflow:
                 seen = line
         return {"dag_run_id": run_id, "state": state, "tasks": self.task_states(dag_id, run_id)}
 
+    def failed_task_logs(self, dag_id: str, run_id: str, folder: Path) -> list[str]:
+        """Save the log of every failed task's last try under ``folder``; returns one summary line per task.
+
+        The stack's task logs live in a volume that ``down`` removes: this keeps what a failed run needs.
+        """
+        answer = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100")
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for ti in answer["task_instances"]:
+            if ti["state"] != "failed":
+                continue
+            key = ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]"
+            query = f"?full_content=true&map_index={ti['map_index']}"
+            path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti['try_number']}"
+            try:
+                entries = self._call("GET", path + query).get("content") or []
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                lines.append(f"{key}: its log could not be read ({exc})")
+                continue
+            text = "\n".join(json.dumps(e) if not isinstance(e, str) else e for e in entries)
+            out = folder / f"{key}.try{ti['try_number']}.log"
+            out.write_text(text + "\n")
+            lines.append(f"{key} (try {ti['try_number']}): {_first_error(entries)} [log: {out}]")
+        return lines
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         """``{task_id or task_id[map_index]: state}`` of one run."""
         answer = self._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100")
@@ -102,6 +127,16 @@ class Airflow:
             key = ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]"
             states[key] = ti["state"]
         return states
+
+
+def _first_error(entries: list[Any]) -> str:
+    """The exception of a task log's "Task failed with exception" entry, on one line (at most 500 characters)."""
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("error_detail"):
+            detail = entry["error_detail"][-1]
+            text = f"{detail.get('exc_type')}: {detail.get('exc_value')}"
+            return " ".join(text.split())[:500]
+    return "no exception in the log (see the file)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             f"logs: Airflow UI {client.base}",
             file=sys.stderr,
         )
+        folder = args.state / "logs" / "failed" / result["dag_run_id"].replace(":", "-")
+        for line in client.failed_task_logs(args.dag_id, result["dag_run_id"], folder):
+            print(f"stack: failed {line}", file=sys.stderr)
         return 1
     return 0
 

@@ -65,6 +65,8 @@ def pipeline(stack: None) -> dict[str, Any]:
     run = _stack("trigger", timeout=2400)
     assert run.stdout.strip(), run.stderr[-3000:]
     result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    # A failed task's exception, one line each (its whole log is kept under .rlhf/rlhf-stack/logs/failed/).
+    result["failures"] = [line for line in run.stderr.splitlines() if line.startswith("stack: failed ")]
     return result
 
 
@@ -93,7 +95,7 @@ def test_airflow_image_has_no_torch(stack: None) -> None:
 
 def test_pipeline_runs_every_task_across_the_containers(pipeline: dict[str, Any]) -> None:
     tasks = dict(pipeline["tasks"])
-    assert pipeline["state"] == "success", tasks
+    assert pipeline["state"] == "success", (tasks, pipeline["failures"])
     assert tasks.pop("fetch_champion") == "skipped", tasks  # warm_start: scratch
     assert set(tasks.values()) == {"success"}, tasks
     # one evaluation per planned checkpoint (steps 2 and 4)
