@@ -24,7 +24,7 @@ airflow db migrate
 echo "airflow-init: admin user ${AIRFLOW_ADMIN_USERNAME}"
 # FAB's `users create` prints "... already exist in the db" and exits 0 when the user exists.
 airflow users create --role Admin \
-  --username "${AIRFLOW_ADMIN_USERNAME}" --password "${AIRFLOW_ADMIN_PASSWORD}" \
+  --username="${AIRFLOW_ADMIN_USERNAME}" --password="${AIRFLOW_ADMIN_PASSWORD}" \
   --firstname Airflow --lastname Admin --email "${AIRFLOW_ADMIN_EMAIL:-admin@example.com}"
 
 # All three connections as one JSON document ({conn_id: fields}), built from environment variables (defaults in

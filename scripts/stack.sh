@@ -215,12 +215,13 @@ check_ports() {
 }
 
 write_env() {
-  # Fresh secrets per stack (the volumes are new too); private files, never on a command line.
+  # Fresh secrets per stack (the volumes are new too); private files, never on a command line. Hex: a
+  # token_urlsafe value starting with "-" (1 in 64) was read as an option by `airflow users create`.
   mkdir -p "$STATE"
   chmod 0700 "$STATE"
   local pg_pw af_pw ml_pw token fernet jwt api admin_pw
   read -r pg_pw af_pw ml_pw token jwt api admin_pw < <(python3 -c \
-    "import secrets; print(' '.join(secrets.token_urlsafe(24) for _ in range(7)))")
+    "import secrets; print(' '.join(secrets.token_hex(24) for _ in range(7)))")
   fernet=$(python3 -c "import base64, os; print(base64.urlsafe_b64encode(os.urandom(32)).decode())")
   umask 0077
   cat >"$STATE/secrets.env" <<ENV
