@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -85,8 +86,8 @@ def _records(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _train(root: Path, overrides: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "rlhf_ops.cli", "train", "--preset", "tiny-cpu", f"trainer.checkpoint_root={root}"]
+def _train(root: Path, overrides: list[str], *, preset: str = "tiny-cpu") -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "rlhf_ops.cli", "train", "--preset", preset, f"trainer.checkpoint_root={root}"]
     log = (root / "train.log").open("ab")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
@@ -141,3 +142,53 @@ def _run_token(sid: int) -> str:
             if line.startswith(f"{REAP_ENV}="):
                 return line.split("=", 1)[1]
     raise AssertionError(f"no process of session {sid} carries {REAP_ENV}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_rlhf_train_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
+    tmp_path: Path, figures: Figures
+) -> None:
+    """A real SIGKILL between a checkpoint's shards and its manifest: SmolLM2's save (weights and AdamW state,
+    ~1.6 GB) lasts long enough to be caught with shards on disk and no ``MANIFEST.json`` yet."""
+    from rlhf_ops.storage.manifest import MANIFEST_NAME, read_latest
+
+    steps = 3
+    overrides = [f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.test_freq=0"]
+    overrides += ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_new_tokens=8"]
+    overrides += ["trainer.logger=[console,jsonl]", "trainer.run_name=demo"]
+    run_dir = tmp_path / "smollm2-135m-grpo-cpu" / "demo"
+    proc = _train(tmp_path, overrides, preset="smollm2-135m-grpo-cpu")
+    partial = run_dir / "global_step_2"
+    deadline = time.monotonic() + 1200
+    # Step 1's checkpoint is complete, step 2's shards are being written, its manifest is not there yet.
+    while not (
+        (run_dir / "global_step_1" / MANIFEST_NAME).exists()
+        and any(f.stat().st_size > 0 for f in partial.rglob("*.distcp") if f.is_file())
+        and not (partial / MANIFEST_NAME).exists()
+    ):
+        assert proc.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+        assert time.monotonic() < deadline and not (partial / MANIFEST_NAME).exists(), "the save was not caught"
+        time.sleep(0.01)
+    token = _run_token(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    seconds = _wait_gone(token, proc.pid, BOUND_S)
+    assert not (partial / MANIFEST_NAME).exists()  # killed mid-save: shards without a manifest
+    shards = sum(1 for f in partial.rglob("*") if f.is_file())
+    assert read_latest(run_dir) == 1
+    logged = len(_records(run_dir))
+    assert logged == 2  # steps 1 and 2 trained; step 2's checkpoint was cut short
+
+    resumed = _train(tmp_path, overrides, preset="smollm2-135m-grpo-cpu")
+    assert resumed.wait(timeout=1200) == 0, (tmp_path / "train.log").read_text()[-3000:]
+    log = (tmp_path / "train.log").read_text()
+    new_steps = [int(r["step"]) for r in _records(run_dir)[logged:]]  # type: ignore[call-overload]
+    assert new_steps == [2, 3], new_steps  # step 2 retrained from step 1's checkpoint, 0 lost, none twice committed
+    # The resume says which checkpoint it skipped and which it took.
+    assert re.search(r"skipping \S*global_step_2: incomplete", log), log[-3000:]
+    assert re.search(r"resumed from \S*global_step_1 \(step 1\)", log), log[-3000:]
+    assert (partial / MANIFEST_NAME).exists() and read_latest(run_dir) == steps
+    figures.record(
+        killed_in_save_of_step=2, shard_files_at_kill=shards, resumed_from=1, lost_steps=0, seconds_to_clean=seconds
+    )
