@@ -320,7 +320,12 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM on GPU.")
     kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM KV cache size (CPU needs it small).")
     enforce_eager: bool = Field(True, description="vLLM: disable CUDA graphs.")
-    free_cache_engine: bool = Field(True, description="vLLM on GPU: sleep (free KV cache + weights) in training.")
+    free_cache_engine: bool = Field(
+        True,
+        description="Free the vLLM engine's memory while training. GPU: sleep level 1 (weights to host memory, KV "
+        "cache freed). CPU (same process as the actor): the packed weights and the KV cache are freed after each "
+        "rollout and rebuilt by the next weight sync (which then always runs).",
+    )
     weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
