@@ -207,6 +207,12 @@ class FSDPConfig(Section):
     optimizer_offload: bool = Field(False, description="Move optimizer state to the host between updates.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
+    grad_sync_last_micro_batch: bool = Field(
+        False,
+        description="Reduce-scatter the gradients once per mini-batch, on its last micro-batch, instead of after "
+        "every micro-batch (FSDP2 set_requires_gradient_sync): fewer gradient copies and collectives, at the memory "
+        "of one unsharded gradient held across the micro-batches.",
+    )
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
     master_dtype: DType | None = Field(
         None,
