@@ -19,7 +19,13 @@ fastest one reported, every variant's per-step reward printed. ``--platform-over
 
 Prints s/step (median after the first step), tokens/s (prompt + response, valid), peak RSS per process, the
 ratio; a per-stage table (FLOPs from the model's shapes, time, fraction of the matmul peak measured here in
-fp32 and bf16); and the tiny-model run's per-step overhead beyond the workers' compute. ``--out`` gets JSON.
+fp32 and bf16); each variant's peak RSS per stage (``memory/actor/<stage>/peak_rss_gb``); and the tiny-model run's
+per-step overhead beyond the workers' compute. ``--out`` gets JSON.
+
+``--skip-trl`` without ``--trl-result`` runs the platform variants only (no TRL column, no ratio). With two or more
+variants the report adds a per-step reward table (mean score over the 32 samples of each step, side by side) and a
+noise statement: the mean absolute per-step difference of each variant to the first one against the per-step
+standard error of that difference (binary rewards: ``sqrt(p1 (1 - p1) / 32 + p2 (1 - p2) / 32)``).
 """
 
 from __future__ import annotations
@@ -283,6 +289,11 @@ def summarize_platform(result: dict[str, Any]) -> dict[str, Any]:
         "reward": [s.get("critic/score/mean", float("nan")) for s in steps],
         "rollout_probs_diff_max": [s.get("training/rollout_probs_diff_max", float("nan")) for s in steps],
         "torch_threads": steps[-1].get("perf/torch_threads", float("nan")),
+        # memory/actor/<stage>/peak_rss_gb: the stage's sampled RSS peak, the largest over the steps
+        "stage_peak_rss_gb": {
+            "/".join(k.split("/")[1:3]): max(s.get(k, 0.0) for s in steps)
+            for k in sorted({k for s in steps for k in s if k.startswith("memory/") and k.endswith("/peak_rss_gb")})
+        },
     }
 
 
@@ -310,7 +321,7 @@ def tiny_overhead(work: Path, steps: int) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------- report
 def print_report(
-    trl: dict[str, Any],
+    trl: dict[str, Any] | None,
     plat: dict[str, Any],
     peak: dict[str, float],
     flops: dict[str, float],
@@ -319,13 +330,15 @@ def print_report(
 ) -> None:
     print("\n| side | settings | s/step (median) | tokens/s | peak RSS / process |")
     print("|---|---|---|---|---|")
-    trl_cells = f"{trl['s_per_step']:.1f} | {trl['tokens_per_s']:.0f} | {trl['peak_rss_gb']:.2f} GB"
-    print(f"| TRL | {labels['trl']} | {trl_cells} |")
+    if trl is not None:
+        trl_cells = f"{trl['s_per_step']:.1f} | {trl['tokens_per_s']:.0f} | {trl['peak_rss_gb']:.2f} GB"
+        print(f"| TRL | {labels['trl']} | {trl_cells} |")
     print(
         f"| rlhf train | {labels['platform']} | {plat['s_per_step']:.1f} | {plat['tokens_per_s']:.0f} | "
         f"{plat['peak_rss_gb']:.2f} GB |"
     )
-    print(f"\nratio (platform / TRL tokens/s): {plat['tokens_per_s'] / trl['tokens_per_s']:.2f}x")
+    if trl is not None:
+        print(f"\nratio (platform / TRL tokens/s): {plat['tokens_per_s'] / trl['tokens_per_s']:.2f}x")
     print(f"\nmatmul peak here: fp32 {peak['float32']:.0f} GFLOP/s, bf16 {peak['bfloat16']:.0f} GFLOP/s")
     print("\n| stage | GFLOP | time (s) | fp32 bound (s) | bf16 bound (s) | fraction of fp32 peak | of bf16 peak |")
     print("|---|---|---|---|---|---|---|")
@@ -344,7 +357,8 @@ def print_report(
         f"| step (sum) | {total / 1e9:.0f} | {plat['s_per_step']:.2f} | {total / peak['float32'] / 1e9:.2f} | "
         f"{total / peak['bfloat16'] / 1e9:.2f} | | |"
     )
-    print(f"\nreward per step  TRL: {[round(r, 3) for r in trl['reward']]}")
+    if trl is not None:
+        print(f"\nreward per step  TRL: {[round(r, 3) for r in trl['reward']]}")
     print(f"reward per step rlhf: {[round(r, 3) for r in plat['reward']]}")
     if tiny is not None:
         print(
@@ -353,12 +367,70 @@ def print_report(
         )
 
 
+def print_stage_rss(variants: dict[str, dict[str, Any]], trl: dict[str, Any] | None) -> None:
+    """Peak RSS per variant: the process's high-water mark and each stage's sampled peak (GiB)."""
+    stages = sorted({k for v in variants.values() for k in v["stage_peak_rss_gb"]})
+    print("\n| variant | peak RSS (ru_maxrss) | " + " | ".join(stages) + " |")
+    print("|---|---|" + "---|" * len(stages))
+    for name, v in variants.items():
+        cells = " | ".join(f"{v['stage_peak_rss_gb'].get(k, float('nan')):.2f}" for k in stages)
+        print(f"| {name} | {v['peak_rss_gb']:.2f} | {cells} |")
+    if trl is not None:
+        print(f"| TRL | {trl['peak_rss_gb']:.2f} |" + " |" * len(stages))
+
+
+def reward_noise(base: list[float], other: list[float], *, samples: int) -> dict[str, float]:
+    """Per-step reward means of two runs: mean |difference| against the per-step standard error of the difference.
+
+    Rewards are 0/1, so a step's mean over ``samples`` samples has variance ``p (1 - p) / samples``; the two runs
+    are treated as independent (their samples share seeds, so this over-states the noise a little). ``mean_diff``
+    is the difference of the whole-run means, ``mean_diff_se`` its standard error.
+    """
+    pairs = list(zip(base, other, strict=False))
+    se = [((a * (1 - a) + b * (1 - b)) / samples) ** 0.5 for a, b in pairs]
+    n = max(len(pairs), 1)
+    return {
+        "steps": float(len(pairs)),
+        "mean_abs_diff": sum(abs(b - a) for a, b in pairs) / n,
+        "mean_step_se": sum(se) / n,
+        "mean_diff": sum(b - a for a, b in pairs) / n,
+        "mean_diff_se": sum(x * x for x in se) ** 0.5 / n,
+    }
+
+
+def print_reward_curves(variants: dict[str, dict[str, Any]], *, samples: int) -> dict[str, dict[str, float]]:
+    """Side-by-side per-step reward means (Markdown) and each variant's noise statement against the first."""
+    names = list(variants)
+    curves = {n: variants[n]["reward"] for n in names}
+    print("\n| step | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for i in range(max(len(c) for c in curves.values())):
+        cells = " | ".join(f"{curves[n][i]:.3f}" if i < len(curves[n]) else "" for n in names)
+        print(f"| {i + 1} | {cells} |")
+    print("| mean | " + " | ".join(f"{sum(c) / max(len(c), 1):.3f}" for c in curves.values()) + " |")
+    noise = {}
+    for name in names[1:]:
+        noise[name] = stats = reward_noise(curves[names[0]], curves[name], samples=samples)
+        verdict = "within" if stats["mean_abs_diff"] <= stats["mean_step_se"] else "beyond"
+        print(
+            f"{name} vs {names[0]} over {stats['steps']:.0f} steps: mean |per-step difference| "
+            f"{stats['mean_abs_diff']:.3f} vs a per-step standard error of the difference of "
+            f"{stats['mean_step_se']:.3f} ({verdict} noise); whole-run means differ by {stats['mean_diff']:+.3f} "
+            f"+- {stats['mean_diff_se']:.3f} (1 SE)"
+        )
+    return noise
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6, help="steps per side (the median skips the first)")
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--trl-bf16", action="store_true")
-    parser.add_argument("--skip-trl", action="store_true", help="reuse --trl-result instead of running TRL")
+    parser.add_argument(
+        "--skip-trl",
+        action="store_true",
+        help="reuse --trl-result instead of running TRL; without --trl-result, run the platform variants only",
+    )
     parser.add_argument("--trl-result", type=Path, default=None)
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--tiny-steps", type=int, default=12)
@@ -380,12 +452,13 @@ def main() -> None:
     started = time.perf_counter()
     peak = matmul_peak(2)
     print(f"matmul peak: {peak}", flush=True)
+    trl_raw: dict[str, Any] | None = None
     if args.skip_trl and args.trl_result:
         trl_raw = json.loads(args.trl_result.read_text())
-    else:
+    elif not args.skip_trl:
         trl_raw = run_trl(ensure_trl_venv(), model_dir, data, args, work)
-    trl = summarize_trl(trl_raw)
-    print(f"TRL: {trl}", flush=True)
+    trl = summarize_trl(trl_raw) if trl_raw is not None else None
+    print(f"TRL: {trl if trl is not None else 'skipped (no --trl-result)'}", flush=True)
     variants: dict[str, dict[str, Any]] = {}
     for name in args.variants.split(","):
         run = f"smollm2-{name}"
@@ -394,7 +467,7 @@ def main() -> None:
         variants[name] = {"raw": raw, "summary": summarize_platform(raw)}
         print(f"platform {name}: {json.dumps(variants[name]['summary'])}", flush=True)
     best = min(variants, key=lambda n: variants[n]["summary"]["s_per_step"])
-    plat_raw, plat = variants[best]["raw"], variants[best]["summary"]
+    plat = variants[best]["summary"]
     for name, v in variants.items():
         print(
             f"variant {name} (ranks x threads): {v['summary']['s_per_step']:.1f} s/step, "
@@ -421,9 +494,12 @@ def main() -> None:
         + (f", {' '.join(args.platform_override)}" if args.platform_override else ""),
     }
     print_report(trl, plat, peak, flops, tiny, labels)
+    summaries = {n: v["summary"] for n, v in variants.items()}
+    print_stage_rss(summaries, trl)
+    noise = print_reward_curves(summaries, samples=32) if len(variants) > 1 else {}
     print(
-        f"\nbench wall time: {time.perf_counter() - started:.0f} s (TRL {trl_raw.get('wall_s', 0):.0f} s, "
-        f"platform {plat_raw['wall_s']:.0f} s)"
+        f"\nbench wall time: {time.perf_counter() - started:.0f} s (TRL {(trl_raw or {}).get('wall_s', 0):.0f} s, "
+        f"platform {sum(v['raw']['wall_s'] for v in variants.values()):.0f} s)"
     )
     if args.out:
         args.out.write_text(
@@ -431,7 +507,8 @@ def main() -> None:
                 {
                     "trl": trl,
                     "platform": plat,
-                    "variants": {n: v["summary"] for n, v in variants.items()},
+                    "variants": summaries,
+                    "reward_noise": noise,
                     "peak": peak,
                     "flops": flops,
                     "tiny": tiny,

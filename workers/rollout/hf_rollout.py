@@ -169,6 +169,8 @@ class HFRollout:
                     )
                 targets[name].copy_(value)
 
+    weights_released = False  # it decodes with the policy module itself
+
     def release(self) -> None:
         """No-op: the HF engine holds no memory beyond the module and the per-call KV cache."""
 

@@ -120,6 +120,11 @@ class MultiTurnRollout:
         self.engine.resume()
 
     @property
+    def weights_released(self) -> bool:
+        """The wrapped engine's (see :class:`~workers.rollout.base.RolloutEngine`)."""
+        return bool(self.engine.weights_released)
+
+    @property
     def defaults(self) -> SamplingParams:
         """The wrapped engine's default settings (a call without ``sampling`` uses them)."""
         defaults: SamplingParams = self.engine.defaults

@@ -5,7 +5,7 @@ verl's ``FSDPVLLMShardingManager``, for FSDP2 and any :class:`~workers.rollout.b
     manager = FSDPShardingManager(actor_module, engine, bucket_bytes=256 << 20, device="cuda")
     with manager:  # wake the engine, sync the weights if they changed
         batch = engine.generate_sequences(prompts, sampling, step)
-    # on exit the engine releases its memory (GPU: KV cache and weights) for training
+    # on exit the engine releases its memory (KV cache and weights: GPU sleep, or the CPU twin) for training
     ...  # the actor's update
     manager.mark_dirty()  # the next rollout syncs the new weights
 
@@ -121,6 +121,8 @@ class FSDPShardingManager:
         self.engine.resume()
         stats = {"bytes": 0, "max_bucket": 0, "buckets": 0, "tensors": 0}
         start = time.perf_counter()
+        # An engine that discarded its weights on release (vLLM on CPU with free_cache_engine) needs them again.
+        self._dirty = self._dirty or self.engine.weights_released
         if self._dirty:
             try:
                 self.engine.update_weights(self._stream(stats))

@@ -16,7 +16,9 @@ How it runs (verl's SPMD vLLM rollout):
   so a plain ``load_weights`` would write the wrong layout); GPU calls the model's ``load_weights``.
 - Memory: on GPU with ``free_cache_engine``, :meth:`release` puts the engine to sleep (level 1: weights
   offloaded to host memory, KV cache discarded) and :meth:`resume` wakes it. vLLM has no sleep mode on
-  CPU; there both are no-ops.
+  CPU; there ``free_cache_engine`` frees the packed GEMM weights and the KV cache instead
+  (:mod:`workers.rollout.vllm_cpu_memory`), :attr:`VLLMRollout.weights_released` is then True and the next
+  rollout needs :meth:`update_weights` (the sharding manager syncs whenever it is set).
 
 Sampling: each output row is one vLLM request (n=1) with its own seed drawn from a ``random.Random(seed)``,
 so the samples depend only on the engine's seed and the sequence of calls, not on the trainer's global RNG.
@@ -41,6 +43,7 @@ from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
 from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
+from workers.rollout.vllm_cpu_memory import release_cpu_engine_memory, restore_cpu_kv_cache
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -120,6 +123,11 @@ class VLLMRollout:
             weight_loader if weight_loader != "auto" else ("reload" if device == "cpu" else "load")
         )
         self.sleep_enabled = device == "cuda" and config.free_cache_engine
+        self.cpu_release = device == "cpu" and config.free_cache_engine
+        self.weights_released = False
+        """True after a CPU :meth:`release` dropped the weights, until the next :meth:`update_weights`."""
+        self.last_release: dict[str, int] = {}
+        """What the last CPU :meth:`release` freed: ``gemm_layers`` and ``kv_bytes``."""
         self.max_model_len = None if max_prompt_length is None else max_prompt_length + config.max_new_tokens
         self.defaults = SamplingParams(
             temperature=config.temperature,
@@ -219,6 +227,11 @@ class VLLMRollout:
             ValueError: if ``input_ids`` / ``attention_mask`` / ``position_ids`` are missing or not (B, P),
                 or a prompt's length + R exceeds ``max_model_len``.
         """
+        if self.weights_released:
+            raise RuntimeError(
+                "generate_sequences on a vLLM engine whose weights were released (rollout.free_cache_engine on CPU): "
+                "call resume() and update_weights() first."
+            )
         start = time.perf_counter()
         params = self.defaults if sampling is None else sampling
         local_rows = len(prompts)
@@ -266,18 +279,28 @@ class VLLMRollout:
             )
         else:
             self.llm.collective_rpc(_load_weights_on_worker, args=(iter(weights),))
+        self.weights_released = False
         self.llm.reset_prefix_cache()
 
     def release(self) -> None:
-        """GPU with ``free_cache_engine``: sleep level 1 (weights to host memory, KV cache freed). Else no-op."""
-        if self.sleep_enabled and not self._asleep:
+        """With ``free_cache_engine``: GPU: sleep level 1 (weights to host memory, KV cache freed); CPU: the packed
+        weights and the KV cache freed (the weights come back with the next :meth:`update_weights`). Else no-op."""
+        if self._asleep:
+            return
+        if self.sleep_enabled:
             self.llm.sleep(level=1)
             self._asleep = True
+        elif self.cpu_release:
+            self.last_release = self.llm.collective_rpc(release_cpu_engine_memory)[0]
+            self._asleep, self.weights_released = True, True
 
     def resume(self) -> None:
-        """Wakes the engine after :meth:`release` (weights back on the GPU, KV cache re-allocated)."""
+        """Wakes the engine after :meth:`release` (GPU: weights back on the GPU; both: KV cache re-allocated)."""
         if self._asleep:
-            self.llm.wake_up()
+            if self.sleep_enabled:
+                self.llm.wake_up()
+            else:
+                self.llm.collective_rpc(restore_cpu_kv_cache)
             self._asleep = False
             self.llm.reset_prefix_cache()
 

@@ -15,6 +15,7 @@ from rlhf_ops.protocol import DataProto
 from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
 from workers.actor import DataParallelPPOActor
 from workers.fsdp import build_lr_scheduler, build_optimizer
+from workers.fsdp.update_loop import MiniBatchUpdate
 
 R = 5  # response length of make_ppo_batch
 
@@ -157,3 +158,37 @@ def test_update_policy_errors_name_the_fix(fsdp_model: Callable[..., nn.Module])
     actor = _actor(model, make_plan(), algorithm=AlgorithmConfig(use_kl_loss=True), config=ActorConfig())
     with pytest.raises(ValueError, match="ref_log_prob"):
         actor.update_policy(make_ppo_batch().select(["input_ids", "attention_mask", "position_ids", "responses"]))
+
+
+def test_gradient_sync_on_the_last_micro_batch_only_gives_the_same_update(
+    fsdp_model: Callable[..., nn.Module],
+) -> None:
+    # fsdp.grad_sync_last_micro_batch: 4 micro-batches accumulate unsharded gradients and reduce-scatter once; the
+    # sum of the reductions equals the reduction of the sum, so the weights after 2 optimizer steps must agree.
+    data = make_ppo_batch()  # 8 rows: 2 mini-batches of 4 -> 4 micro-batches of 1 each
+    plan = make_plan(mini_per_rank=4, micro_per_rank=1)
+    algorithm = AlgorithmConfig()
+    every, w_every = _update(fsdp_model, plan, data, algorithm)
+    once_config = ActorConfig.model_validate({"fsdp": {"grad_sync_last_micro_batch": True}})
+    once, w_once = _update(fsdp_model, plan, data, algorithm, once_config)
+    assert once["actor/grad_norm"] == pytest.approx(every["actor/grad_norm"], rel=1e-5)
+    for name in w_every:
+        torch.testing.assert_close(w_once[name], w_every[name], rtol=1e-5, atol=1e-7, msg=name)
+    # the flag only acts on FSDP2 modules (a plain module has no gradient reduction to postpone)
+
+    def sync_once(model: nn.Module) -> bool:
+        opt = build_optimizer(model, OptimConfig())
+        update = MiniBatchUpdate(
+            "actor",
+            model,
+            opt,
+            None,
+            plan=plan,
+            grad_clip=1.0,
+            loss_scale=1,
+            dp_group=None,
+            grad_sync_last_micro_batch=True,
+        )
+        return update.sync_once
+
+    assert sync_once(fsdp_model()) and not sync_once(fsdp_model(wrap=False))
