@@ -42,8 +42,9 @@ def main() -> None:
     parser.add_argument("--max-prompts", type=int, default=200)
     parser.add_argument("--batch", type=int, default=100, help="prompts per engine call")
     parser.add_argument("--examples", type=int, default=8, help="responses kept in the report")
+    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="hf: transformers, slow (checks)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the training run")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # overrides may follow the options
     if args.max_prompts < 1 or args.batch < 1:
         raise SystemExit("--max-prompts and --batch must be >= 1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -83,16 +84,30 @@ def main() -> None:
     )
     indices = list(range(min(args.max_prompts, len(data))))
     response_length = config.rollout.max_new_tokens
-    rollout_config = config.rollout.model_copy(update={"engine": "vllm", "mode": "sync"})
-    engine = VLLMRollout(
-        path,
-        config=rollout_config,
-        pad_token_id=int(tokenizer.pad_token_id),
-        eos_token_id=eos_token_ids(path, tokenizer),
-        seed=0,
-        device="cpu",
-        max_prompt_length=config.data.max_prompt_length,
-    )
+    engine: Any
+    if args.engine == "hf":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from workers.rollout.hf_rollout import HFRollout
+
+        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        engine = HFRollout(
+            module,
+            pad_token_id=int(tokenizer.pad_token_id),
+            eos_token_id=eos_token_ids(path, tokenizer),
+            response_length=response_length,
+        )
+    else:
+        engine = VLLMRollout(
+            path,
+            config=config.rollout.model_copy(update={"engine": "vllm", "mode": "sync"}),
+            pad_token_id=int(tokenizer.pad_token_id),
+            eos_token_id=eos_token_ids(path, tokenizer),
+            seed=0,
+            device="cpu",
+            max_prompt_length=config.data.max_prompt_length,
+        )
     rollout = MultiTurnRollout(engine, multi_turn, tokenizer=tokenizer)
     if config.reward.reward_fn is None:
         raise SystemExit("reward.reward_fn is not set: the evaluation scores with the run's rule reward; set it")
@@ -131,7 +146,8 @@ def main() -> None:
                 )
             print(f"{len(rows)}/{len(indices)} prompts, {time.perf_counter() - start:.0f} s", flush=True)
     finally:
-        engine.shutdown()
+        if args.engine == "vllm":
+            engine.shutdown()
     n = len(rows)
     calling = sum(r["tool_calls"] > 0 for r in rows)
     metrics = {
@@ -148,7 +164,7 @@ def main() -> None:
         "version": 1,
         "model_dir": str(path),
         "data_files": [args.data],
-        "settings": {"preset": args.preset, "overrides": args.overrides, "greedy": True, "engine": "vllm"},
+        "settings": {"preset": args.preset, "overrides": args.overrides, "greedy": True, "engine": args.engine},
         "metrics": metrics,
         "examples": [{k: r[k] for k in ("index", "ground_truth", "response", "correct", "tool_calls")} for r in rows][
             : args.examples
