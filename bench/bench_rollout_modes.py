@@ -24,6 +24,24 @@ mode, means over the remaining steps:
 
 with both ratios against ``sync`` measured in the same run. On a CPU machine the engine-core processes and the
 FSDP ranks share the same cores: the overlap only wins the time one side leaves the cores idle (docs/benchmarks.md).
+
+``--agent-loop``: the multi-turn calculator workload (``rollout.multi_turn`` with ``tools=[calculator]``, the tool
+prompt ``--tool-prompt``, default ``example``, and the ``answer_feedback`` grader, ``--interaction``, which answers a
+turn without the right ``#### N`` once) on the rollout alone, no training (the weights stay the base model's),
+each mode in its own process on the same model, prompts (``builtin:gsm8k_synth``, tools described the way
+training describes them), sampling and seed:
+
+- ``sync``: the in-process ``vllm.LLM``; the agent loop runs in rounds (a round waits for its slowest sample);
+- ``async``: ``AsyncLLM`` (engine core in its own process); one agent coroutine per sample (``AgentLoop.arun``).
+
+Reported over the steps after the first (engine warm-up): rollout tokens/s on model tokens only and with the
+observation tokens (tool results and grader replies, rendered by the chat template), turns per sample
+(``num_turns``: prompt, model and observation messages), tool calls per sample, the share of samples that called a
+tool, and async / sync::
+
+    flock /tmp/rlhf-heavy.lock .venv/bin/python bench/bench_rollout_modes.py --agent-loop               # tiny model
+    flock /tmp/rlhf-heavy.lock .venv/bin/python bench/bench_rollout_modes.py --agent-loop \\
+        --model builtin:smollm2-135m-instruct --steps 3
 """
 
 from __future__ import annotations
@@ -113,6 +131,199 @@ def _summary(rows: list[dict[str, Any]], rows_per_step: int) -> dict[str, float]
     }
 
 
+# ------------------------------------------------------------------------------------ --agent-loop (multi-turn)
+AGENT_MODES = ("sync", "async")
+
+
+def _agent_spec(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
+    """One mode's settings; every mode gets the same ones but ``mode``."""
+    tiny = args.model == TINY
+    return {
+        "mode": mode,
+        "model": args.model,
+        "out": str(out),
+        "steps": args.steps,
+        "prompts_per_step": args.prompts or (16 if tiny else 8),
+        "n": args.n or (4 if tiny else 8),
+        "max_new_tokens": args.max_new_tokens or (64 if tiny else 160),
+        "max_prompt_length": 448 if tiny else 512,  # the tiny model has 512 positions
+        "temperature": 0.7,
+        "max_turns": 3,
+        "max_tool_response_tokens": 32,
+        # The tiny model's character tokenizer and 512 positions cannot hold the tools' description (a random
+        # model never writes a call anyway). The grader interaction (on by default) answers a turn without a
+        # right '#### N' once, so samples get observation turns even when the model calls no tool.
+        "describe_tools": not tiny,
+        "interaction": None if args.interaction == "none" else args.interaction,
+        "tool_prompt": args.tool_prompt,
+        "kv_cache_memory_bytes": (64 if tiny else 256) << 20,
+    }
+
+
+def _agent_child(spec_path: str) -> None:
+    """Runs one mode of ``--agent-loop`` in this process and writes its per-step rows to ``spec["out"]``."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.path.insert(0, str(REPO))
+    import dataclasses
+
+    from rlhf_ops.agent.tools import tool_examples
+    from rlhf_ops.config.multi_turn import MultiTurnConfig
+    from rlhf_ops.config.schema import RolloutConfig
+    from rlhf_ops.data.dataset import PromptDataset
+    from rlhf_ops.data.images import load_tokenizer_or_processor
+    from rlhf_ops.models.generation import eos_token_ids
+    from rlhf_ops.models.resolve import resolve_model_path
+    from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
+    from workers.rollout.multi_turn import MultiTurnRollout, build_tools
+    from workers.rollout.vllm_rollout import VLLMRollout
+
+    spec = json.loads(Path(spec_path).read_text())
+    path = resolve_model_path(spec["model"])
+    tokenizer = load_tokenizer_or_processor(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    multi_turn = MultiTurnConfig(
+        enable=True,
+        tools=["calculator"],
+        interaction=spec["interaction"],
+        max_turns=spec["max_turns"],
+        max_tool_response_tokens=spec["max_tool_response_tokens"],
+        tool_prompt=spec["tool_prompt"],
+    )
+    tools = build_tools(multi_turn)
+    schemas = [t.schema() for t in tools.values()] if spec["describe_tools"] else []
+    examples = tool_examples(tools) if spec["describe_tools"] and multi_turn.tool_prompt == "example" else []
+    steps, batch = spec["steps"], spec["prompts_per_step"]
+    data = PromptDataset.from_sources(
+        ["builtin:gsm8k_synth"],
+        tokenizer,
+        max_prompt_length=spec["max_prompt_length"],
+        toy_rows=steps * batch,
+        seed=1,
+        tools=schemas,
+        tool_examples=examples,
+    )
+    response_length = spec["max_new_tokens"]
+    config = RolloutConfig(
+        engine="vllm",
+        mode=spec["mode"],
+        n=spec["n"],
+        temperature=spec["temperature"],
+        max_new_tokens=response_length,
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+    )
+    engine_cls = AsyncVLLMRollout if spec["mode"] == "async" else VLLMRollout
+    start = time.perf_counter()
+    engine = engine_cls(
+        path,
+        config=config,
+        pad_token_id=int(tokenizer.pad_token_id),
+        eos_token_id=eos_token_ids(path, tokenizer),
+        seed=1,
+        device="cpu",
+        max_prompt_length=spec["max_prompt_length"],
+    )
+    rollout = MultiTurnRollout(engine, multi_turn, tokenizer=tokenizer)  # per sample on async, rounds on sync
+    print(f"{spec['mode']}: engine up in {time.perf_counter() - start:.1f} s", flush=True)
+    rows = []
+    try:
+        for step in range(1, steps + 1):
+            prompts = data.batch(
+                range((step - 1) * batch, step * batch), pad_token_id=int(tokenizer.pad_token_id), uid_prefix="b"
+            )
+            params = dataclasses.replace(engine.defaults, n=spec["n"], do_sample=True)
+            tick = time.perf_counter()
+            out = rollout.generate_sequences(prompts, params, step=step)
+            seconds = time.perf_counter() - tick
+            assert out.batch is not None
+            mask = out.batch["response_mask"]
+            attended = out.batch["attention_mask"][:, -response_length:]
+            calls = out.batch["tool_call_counts"]
+            rows.append(
+                {
+                    "step": step,
+                    "seconds": seconds,
+                    "samples": int(mask.shape[0]),
+                    "model_tokens": int(mask.sum()),
+                    "all_tokens": int(attended.sum()),
+                    "turns": float(out.batch["num_turns"].float().mean()),
+                    "tool_calls": float(calls.float().mean()),
+                    "calling_share": float((calls > 0).float().mean()),
+                    "tool_errors": int(out.batch["tool_errors"].sum()),
+                    "truncated": float(out.batch["truncated"].float().mean()),
+                }
+            )
+            print(f"{spec['mode']} step {step}: {rows[-1]}", flush=True)
+    finally:
+        engine.shutdown()
+    Path(spec["out"]).write_text(json.dumps(rows))
+
+
+def agent_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Means over the steps after the first (engine warm-up): tokens/s with and without observations, turns..."""
+    steady = rows[1:] or rows
+    seconds = sum(r["seconds"] for r in steady)
+    samples = sum(r["samples"] for r in steady)
+
+    def per_sample(key: str) -> float:
+        return sum(r[key] * r["samples"] for r in steady) / samples
+
+    return {
+        "model_tok_s": sum(r["model_tokens"] for r in steady) / seconds,
+        "all_tok_s": sum(r["all_tokens"] for r in steady) / seconds,
+        "s_per_step": seconds / len(steady),
+        "model_tokens_per_sample": sum(r["model_tokens"] for r in steady) / samples,
+        "observation_tokens_per_sample": sum(r["all_tokens"] - r["model_tokens"] for r in steady) / samples,
+        "turns": per_sample("turns"),
+        "tool_calls": per_sample("tool_calls"),
+        "calling_share": per_sample("calling_share"),
+        "truncated": per_sample("truncated"),
+        "tool_errors": float(sum(r["tool_errors"] for r in steady)),
+    }
+
+
+def _agent_loop_main(args: argparse.Namespace) -> None:
+    root = Path(args.out or tempfile.mkdtemp(prefix="bench_agent_loop_"))
+    root.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, float]] = {}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)})
+    for mode in AGENT_MODES:
+        spec = _agent_spec(args, mode, root / f"{mode}.json")
+        if mode == "sync":
+            print(
+                f"workload: {args.model}, {spec['prompts_per_step']} prompts x {spec['n']} samples per step, "
+                f"up to {spec['max_new_tokens']} response tokens, {spec['max_turns']} turns, calculator"
+                f"{' + answer_feedback' if spec['interaction'] else ''}, tool prompt {spec['tool_prompt']}, "
+                f"{args.steps} steps/mode; runs under {root}",
+                flush=True,
+            )
+        spec_path = root / f"{mode}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        log = root / f"{mode}.log"
+        with log.open("wb") as sink:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--agent-child", str(spec_path)]
+            rc = subprocess.run(
+                cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=args.timeout_s
+            ).returncode
+        if rc != 0:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise SystemExit(f"{mode}: agent-loop run exited {rc}; log {log}:\n{tail}")
+        results[mode] = agent_summary(json.loads((root / f"{mode}.json").read_text()))
+    base = results["sync"]
+    print(f"{'mode':<7}{'model tok/s':>12}{'x sync':>8}{'+obs tok/s':>12}{'x sync':>8}{'s/step':>8}", end="")
+    print(f"{'model tok':>10}{'obs tok':>9}{'turns':>7}{'calls':>7}{'calling':>9}{'cut':>6}")
+    for mode, r in results.items():
+        print(
+            f"{mode:<7}{r['model_tok_s']:>12.1f}{r['model_tok_s'] / base['model_tok_s']:>8.2f}"
+            f"{r['all_tok_s']:>12.1f}{r['all_tok_s'] / base['all_tok_s']:>8.2f}{r['s_per_step']:>8.1f}"
+            f"{r['model_tokens_per_sample']:>10.1f}{r['observation_tokens_per_sample']:>9.1f}{r['turns']:>7.2f}"
+            f"{r['tool_calls']:>7.2f}{r['calling_share']:>9.2f}{r['truncated']:>6.2f}"
+        )
+    (root / "summary.json").write_text(json.dumps(results, indent=2))
+    print(f"summary: {root / 'summary.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=TINY, help=f"{TINY} (default) or builtin:smollm2-135m-instruct / a path")
@@ -121,11 +332,29 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per mode")
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temp folder)")
+    parser.add_argument(
+        "--agent-loop", action="store_true", help="multi-turn calculator rollouts, sync rounds vs async per sample"
+    )
+    parser.add_argument("--prompts", type=int, default=None, help="--agent-loop: prompts per step")
+    parser.add_argument("--n", type=int, default=None, help="--agent-loop: samples per prompt")
+    parser.add_argument(
+        "--tool-prompt", default="example", help="--agent-loop: rollout.multi_turn.tool_prompt (schemas, example)"
+    )
+    parser.add_argument(
+        "--interaction", default="answer_feedback", help="--agent-loop: rollout.multi_turn.interaction, or none"
+    )
+    parser.add_argument("--agent-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.agent_child:
+        _agent_child(args.agent_child)
+        return
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step is dropped)")
     if args.modes[0] != "sync":
         raise SystemExit("--modes must start with sync: the ratios are against it")
+    if args.agent_loop:
+        _agent_loop_main(args)
+        return
     sys.path.insert(0, str(REPO))
     from rlhf_ops.config import load_config
 

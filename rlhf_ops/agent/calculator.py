@@ -13,7 +13,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from rlhf_ops.agent.tools import SampleState, ToolError, function_schema
+from rlhf_ops.agent.tools import SampleState, ToolError, ToolExample, function_schema
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -29,6 +29,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": round, "min": 
 MAX_EXPONENT = 100
 MAX_MAGNITUDE = 1e100
 MAX_EXPRESSION_CHARS = 500
+EXAMPLE_EXPRESSION = "3 * 4"
 
 
 def _check(value: Any) -> Any:
@@ -94,6 +95,18 @@ class CalculatorTool:
             "Evaluate an arithmetic expression with + - * / // % ** and parentheses; returns the number.",
             {"expression": {"type": "string", "description": "e.g. '(17 + 5) * 3'"}},
             ["expression"],
+        )
+
+    def example(self) -> ToolExample:
+        """One worked call (``rollout.multi_turn.tool_prompt=example``); its result is this tool's own output."""
+        arguments = {"expression": EXAMPLE_EXPRESSION}
+        result = self.call(arguments, SampleState(index=0))
+        return ToolExample(
+            name=self.name,
+            question="Kim has 3 bags with 4 pens in each bag. How many pens does Kim have?",
+            arguments=arguments,
+            result=result,
+            answer=f"Kim has {EXAMPLE_EXPRESSION} = {result} pens.",
         )
 
     def call(self, arguments: dict[str, Any], state: SampleState) -> str:

@@ -23,6 +23,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from rlhf_ops.agent.tools import ToolExample
+
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OPEN_TAG = "<tool_call>"
 
@@ -103,14 +105,46 @@ def with_tools(messages: Sequence[dict[str, Any]], schemas: Sequence[dict[str, A
     return out
 
 
+def tool_result_message(text: str, *, native_tools: bool) -> dict[str, Any]:
+    """One tool result as a message: ``{"role": "tool"}`` for a template that renders tools, else a ``user``
+    message ``<tool_response>...</tool_response>`` (how Qwen2.5's template renders tool messages)."""
+    if native_tools:
+        return {"role": "tool", "content": text}
+    return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
+
+
+def example_messages(example: ToolExample, *, native_tools: bool) -> list[dict[str, Any]]:
+    """A worked call as chat turns: the question, the model's ``<tool_call>``, the result, the model's answer."""
+    call = json.dumps({"name": example.name, "arguments": example.arguments})
+    return [
+        {"role": "user", "content": example.question},
+        {"role": "assistant", "content": f"{OPEN_TAG}{call}</tool_call>"},
+        tool_result_message(example.result, native_tools=native_tools),
+        {"role": "assistant", "content": example.answer},
+    ]
+
+
+def _after_system(messages: list[dict[str, Any]], inserted: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with ``inserted`` after the leading system message (or first, when there is none)."""
+    cut = 1 if messages and messages[0].get("role") == "system" else 0
+    return [*messages[:cut], *inserted, *messages[cut:]]
+
+
 def encode_chat_prompt(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], schemas: Sequence[dict[str, Any]]
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    schemas: Sequence[dict[str, Any]],
+    examples: Sequence[ToolExample] = (),
 ) -> list[int]:
-    """Prompt ids of chat ``messages`` with the tools described (``tools=`` or the system-message convention)."""
-    if template_renders_tools(tokenizer):
-        text = _render(tokenizer, list(messages), tools=list(schemas), add_generation_prompt=True)
+    """Prompt ids of chat ``messages`` with the tools described (``tools=`` or the system-message convention),
+    preceded by the worked ``examples`` as chat turns (``rollout.multi_turn.tool_prompt=example``)."""
+    native = template_renders_tools(tokenizer)
+    shots = [m for example in examples for m in example_messages(example, native_tools=native)]
+    if native:
+        chat = _after_system(list(messages), shots)
+        text = _render(tokenizer, chat, tools=list(schemas), add_generation_prompt=True)
     else:
-        text = _render(tokenizer, with_tools(messages, schemas), add_generation_prompt=True)
+        text = _render(tokenizer, _after_system(with_tools(messages, schemas), shots), add_generation_prompt=True)
     return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
@@ -140,9 +174,7 @@ class ObservationRenderer:
 
     def tool_messages(self, results: Sequence[str]) -> list[dict[str, Any]]:
         """One message per tool result, in the form the template understands."""
-        if self.native_tools:
-            return [{"role": "tool", "content": r} for r in results]
-        return [{"role": "user", "content": f"<tool_response>\n{r}\n</tool_response>"} for r in results]
+        return [tool_result_message(r, native_tools=self.native_tools) for r in results]
 
     def render(self, messages: Sequence[dict[str, Any]], *, last_token_text: str) -> list[int]:
         """Ids from just after the model's last token to the next assistant header, inclusive.

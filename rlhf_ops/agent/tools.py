@@ -68,6 +68,29 @@ class Tool(Protocol):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ToolExample:
+    """One worked call of a tool, shown to the model as chat turns before its own question
+    (``rollout.multi_turn.tool_prompt=example``): the question, the call, the tool's result, the final answer.
+
+    A tool offers one through an optional ``example() -> ToolExample`` method (the built-in calculator does).
+    """
+
+    name: str
+    """The tool's name (what the call names)."""
+    question: str
+    arguments: dict[str, Any]
+    result: str
+    """What the tool returns for ``arguments``."""
+    answer: str
+    """The model's turn after the result."""
+
+
+def tool_examples(tools: Mapping[str, Any]) -> list[ToolExample]:
+    """The worked examples of the tools that offer one (an ``example()`` method), in the tools' order."""
+    return [tool.example() for tool in tools.values() if callable(getattr(tool, "example", None))]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolLimits:
     """Limits every tool call runs under (``rollout.multi_turn``)."""
 

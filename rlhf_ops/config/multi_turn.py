@@ -7,6 +7,8 @@ Cross-field rules (the budget against ``rollout.max_new_tokens``, engines, spec 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_ops.code_policy import split_dotted
@@ -35,6 +37,11 @@ class MultiTurnConfig(BaseModel):
     )
     tool_timeout_s: float = Field(5.0, gt=0.0, description="Wall-clock limit of one tool call (seconds).")
     max_tool_output_chars: int = Field(4000, gt=0, description="Characters of tool output kept before tokenising.")
+    tool_prompt: Literal["schemas", "example"] = Field(
+        "schemas",
+        description="How prompts show the tools: 'schemas' (their JSON schemas and the call format) or 'example' "
+        "(the same, then one worked call per tool that has one, as chat turns before the question; calculator has).",
+    )
 
 
 def _spec_problem(key: str, spec: str, builtins: tuple[str, ...]) -> ConfigProblem | None:

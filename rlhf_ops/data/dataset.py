@@ -81,17 +81,19 @@ def encode_prompt(
     *,
     apply_chat_template: bool,
     tools: Sequence[dict[str, Any]] = (),
+    tool_examples: Sequence[Any] = (),
 ) -> list[int]:
     """Token ids of one prompt; chat messages go through the tokenizer's chat template when it has one.
 
-    ``tools`` (function schemas, multi-turn rollouts) are described to the model through the template
-    (:func:`rlhf_ops.agent.chat_format.encode_chat_prompt`).
+    ``tools`` (function schemas, multi-turn rollouts) are described to the model through the template, after
+    ``tool_examples`` (:class:`rlhf_ops.agent.tools.ToolExample`: worked calls as chat turns before the question;
+    :func:`rlhf_ops.agent.chat_format.encode_chat_prompt`).
     """
     if not isinstance(prompt, str):
         if tools and apply_chat_template and getattr(tokenizer, "chat_template", None):
             from rlhf_ops.agent.chat_format import encode_chat_prompt
 
-            return encode_chat_prompt(tokenizer, list(prompt), tools)
+            return encode_chat_prompt(tokenizer, list(prompt), tools, tool_examples)
         if apply_chat_template and getattr(tokenizer, "chat_template", None):
             ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
@@ -132,9 +134,10 @@ class PromptDataset:
         seed: int = 0,
         processor: Any | None = None,
         tools: Sequence[dict[str, Any]] = (),
+        tool_examples: Sequence[Any] = (),
     ) -> PromptDataset:
         """Reads and tokenises ``urls``; ``processor`` (a multimodal processor) encodes rows with ``images``;
-        ``tools`` (function schemas) are described in chat prompts."""
+        ``tools`` (function schemas) are described in chat prompts, after ``tool_examples`` (worked calls)."""
         ids, raws, truths, sources, infos, dropped = [], [], [], [], [], 0
         pixels: list[torch.Tensor] = []
         for i, url in enumerate(urls):
@@ -149,7 +152,11 @@ class PromptDataset:
                     )
                 else:
                     tokens = encode_prompt(
-                        row[prompt_key], tokenizer, apply_chat_template=apply_chat_template, tools=tools
+                        row[prompt_key],
+                        tokenizer,
+                        apply_chat_template=apply_chat_template,
+                        tools=tools,
+                        tool_examples=tool_examples,
                     )
                     pixel_values = torch.zeros(0)
                 if len(tokens) > max_prompt_length:

@@ -243,13 +243,16 @@ def check_multi_turn(cfg: Any) -> list[Problem]:
     if not cfg.enable:
         return []
     from rlhf_ops.agent.registry import WORKER_BUILTIN_TOOLS, load_interaction, load_tools
-    from rlhf_ops.agent.tools import ToolLimits
+    from rlhf_ops.agent.tools import ToolLimits, tool_examples
 
     problems: list[Problem] = []
+    built: dict[str, Any] = {}
     checks = [
         (
             "rollout.multi_turn.tools",
-            lambda: load_tools([t for t in cfg.tools if t not in WORKER_BUILTIN_TOOLS], limits=ToolLimits()),
+            lambda: built.update(
+                load_tools([t for t in cfg.tools if t not in WORKER_BUILTIN_TOOLS], limits=ToolLimits())
+            ),
         ),
         ("rollout.multi_turn.interaction", lambda: load_interaction(cfg.interaction)),
     ]
@@ -261,6 +264,15 @@ def check_multi_turn(cfg: Any) -> list[Problem]:
             problems.append(Problem(key, message, fix.rstrip(".") or "fix the spec"))
         except Exception as exc:  # user code: anything can happen at import time
             problems.append(Problem(key, f"building it raised {_short(exc)}", "fix the module"))
+    if cfg.tool_prompt == "example" and not problems and not tool_examples(built):
+        problems.append(
+            Problem(
+                "rollout.multi_turn.tool_prompt",
+                f"'example' shows a worked call of a tool with an example() method, and none of {list(cfg.tools)} "
+                "has one",
+                "set rollout.multi_turn.tool_prompt=schemas, or add the calculator tool or an example() to yours",
+            )
+        )
     return problems
 
 

@@ -97,6 +97,16 @@ def tool_schemas(cfg: MultiTurnConfig) -> list[dict[str, Any]]:
     return [tool.schema() for tool in build_tools(cfg).values()]
 
 
+def tool_prompt_examples(cfg: MultiTurnConfig) -> list[Any]:
+    """The worked tool calls the prompts show before the question (``rollout.multi_turn.tool_prompt=example``)."""
+    if not cfg.enable or cfg.tool_prompt != "example":
+        return []
+    from rlhf_ops.agent.tools import tool_examples
+    from workers.rollout.multi_turn import build_tools
+
+    return tool_examples(build_tools(cfg))
+
+
 def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     """Trains ``config`` to its last step; returns the trainer's final state.
 
@@ -128,6 +138,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     eos_ids = eos_token_ids(model_path, tokenizer)  # generation_config.json may list more than the tokenizer's
     data = config.data
     tools = tool_schemas(config.rollout.multi_turn)  # multi-turn: the prompts describe the tools
+    examples = tool_prompt_examples(config.rollout.multi_turn)
 
     def dataset(files: list[str], seed: int) -> PromptDataset:
         return PromptDataset.from_sources(
@@ -142,6 +153,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             seed=seed,
             processor=processor,
             tools=tools,
+            tool_examples=examples,
         )
 
     train_set = dataset(data.train_files, config.trainer.seed)

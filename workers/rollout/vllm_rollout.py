@@ -211,6 +211,12 @@ class VLLMRollout:
         if self.device == "cuda":
             kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled)
             kwargs["disable_custom_all_reduce"] = True
+        else:
+            # vLLM 0.32's CPU runner rewinds a seeded request's generator with `set_offset` when its prefill is
+            # cut into chunks (`_bookkeeping_sync`), and a CPU generator has no offset: "RuntimeError: CPU
+            # Generator does not use offset" once a step's prompts exceed max_num_batched_tokens (4096), e.g.
+            # multi-turn contexts. Whole prefills only (vLLM raises the token budget to max_model_len if needed).
+            kwargs["enable_chunked_prefill"] = False
         return kwargs
 
     # ------------------------------------------------------------------------------------------- contract

@@ -27,7 +27,7 @@ from rlhf_ops.agent import (
     multi_turn_metrics,
     row_counters,
 )
-from rlhf_ops.agent.chat_format import template_renders_tools, with_tools
+from rlhf_ops.agent.chat_format import parse_tool_calls, template_renders_tools, with_tools
 from tests.support.real_model import smollm2_path
 
 EOS = 2  # <|im_end|>
@@ -268,3 +268,32 @@ def test_dataset_prompts_describe_the_tools_when_given(tokenizer: Any) -> None:
     plain = encode_prompt(messages, tokenizer, apply_chat_template=True)
     assert "You may call tools" not in tokenizer.decode(plain)
     assert "You may call tools" in tokenizer.decode(with_schemas)
+
+
+def test_example_tool_prompt_shows_one_worked_calculator_call_before_the_question(tokenizer: Any) -> None:
+    from rlhf_ops.agent.tools import tool_examples
+    from rlhf_ops.data.dataset import encode_prompt
+
+    calc = CalculatorTool()
+    [example] = tool_examples({"calculator": calc, "boom": Boom()})  # Boom has no example()
+    assert (example.name, example.arguments, example.result) == ("calculator", {"expression": "3 * 4"}, "12")
+    messages = [{"role": "user", "content": "What is 6*7?"}]
+    ids = encode_prompt(messages, tokenizer, apply_chat_template=True, tools=[calc.schema()], tool_examples=[example])
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3 * 4"}}</tool_call>'
+    system = with_tools(messages, [calc.schema()])[0]["content"]
+    expected = (
+        f"<|im_start|>system\n{system}<|im_end|>\n"
+        "<|im_start|>user\nKim has 3 bags with 4 pens in each bag. How many pens does Kim have?<|im_end|>\n"
+        f"<|im_start|>assistant\n{call}<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n12\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nKim has 3 * 4 = 12 pens.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tokenizer.decode(ids) == expected
+    # The example's call is one the loop parses, and its result is what the calculator returns for it.
+    [parsed] = parse_tool_calls(call)
+    assert calc.call(parsed.arguments, SampleState(index=0)) == example.result
+    # Without examples the prompt is the schemas-only one.
+    assert encode_prompt(messages, tokenizer, apply_chat_template=True, tools=[calc.schema()]) == encode_chat_prompt(
+        tokenizer, messages, [calc.schema()]
+    )

@@ -155,3 +155,19 @@ def test_preflight_builds_the_tools_and_names_the_key() -> None:
     assert [p.key for p in problems] == ["rollout.multi_turn.tools", "rollout.multi_turn.interaction"]
     assert "has no attribute 'Nope'" in problems[0].message
     assert "without respond" in problems[1].message
+
+
+def test_example_tool_prompt_needs_a_tool_with_an_example() -> None:
+    from rlhf_ops.config.multi_turn import MultiTurnConfig
+    from rlhf_ops.pipeline.preflight_checks import check_multi_turn
+
+    assert load_config("tiny-cpu").rollout.multi_turn.tool_prompt == "schemas"  # the default: prompts unchanged
+    ok = MultiTurnConfig(enable=True, tools=["calculator", "tests.support.tools:Counter"], tool_prompt="example")
+    assert check_multi_turn(ok) == []
+    bad = MultiTurnConfig(enable=True, tools=["python", "tests.support.tools:Counter"], tool_prompt="example")
+    [problem] = check_multi_turn(bad)
+    assert problem.key == "rollout.multi_turn.tool_prompt"
+    assert "none of ['python', 'tests.support.tools:Counter'] has one" in problem.message
+    assert "tool_prompt=schemas" in problem.fix
+    text = _problems("rollout.multi_turn.tools=[calculator]", "rollout.multi_turn.tool_prompt=fewshot")
+    assert "rollout.multi_turn.tool_prompt" in text and "example" in text
