@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,12 +34,12 @@ from tests.integration.test_vllm_rollout import (
     to_plain,
 )
 from tests.support.rollout_calls import generate
+from tests.support.vllm_child import SKIP_EXIT, run_child
 from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP_EXIT = 77
 WEIGHT_FILE_BYTES = 64 << 10  # the tiny model is 371968 bytes: at least 6 files per sync
 
 
@@ -113,19 +112,8 @@ def results(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> di
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["TOKENIZERS_PARALLELISM"] = "false"
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), tiny_model_dir, str(out_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,  # ~10 min measured on 2 loaded cores; 480 s timed out once
-    )
-    if proc.returncode == SKIP_EXIT:
-        pytest.skip(f"vLLM is not usable here: {proc.stdout.strip()[-300:]}")
-    assert proc.returncode == 0, (
-        f"vLLM child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
+    # ~10 min measured on 2 loaded cores; 480 s timed out once
+    run_child(__file__, [tiny_model_dir, str(out_path)], env=env, timeout=1500)
     res: dict[str, Any] = torch.load(out_path, weights_only=True)
     print(
         f"\n[async vllm] child wall {time.perf_counter() - start:.1f}s | async engine start "

@@ -15,7 +15,6 @@ as a script): vLLM changes process-wide state, and the async engine core is spaw
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,11 +25,11 @@ import pytest
 import torch
 
 from tests.integration.test_multi_turn_vllm import KEYS, R
+from tests.support.vllm_child import SKIP_EXIT, run_child
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP_EXIT = 77
 
 
 def _child_main(model_dir: str, out_path: str) -> None:
@@ -83,19 +82,7 @@ def _child_main(model_dir: str, out_path: str) -> None:
 def results(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out_path = tmp_path_factory.mktemp("async-mt") / "results.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), tiny_model_dir, str(out_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode == SKIP_EXIT:
-        pytest.skip(f"vLLM is not usable here: {proc.stdout.strip()[-300:]}")
-    assert proc.returncode == 0, (
-        f"async child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
+    run_child(__file__, [tiny_model_dir, str(out_path)], env=env, timeout=900)
     res: dict[str, Any] = torch.load(out_path, weights_only=True)
     print(
         f"\n[multi-turn async] HF {res['hf_s']:.2f}s, async vLLM per sample {res['async_s']:.2f}s, "

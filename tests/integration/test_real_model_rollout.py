@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,9 +24,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration.test_vllm_rollout import SKIP_EXIT, teacher_forced_log_probs, to_plain
+from tests.integration.test_vllm_rollout import teacher_forced_log_probs, to_plain
 from tests.support.real_model import smollm2_path
 from tests.support.rollout_calls import Call, generate
+from tests.support.vllm_child import SKIP_EXIT, run_child
 
 # 84 s here (child 70 s: 2 s load, 10 s engine start, 2 syncs, 5 rollouts, 1 step); ~3 min under load.
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -158,17 +158,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(REPO)}
     env["TOKENIZERS_PARALLELISM"] = "false"
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), model_dir, str(out_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    if proc.returncode == SKIP_EXIT:
-        pytest.skip(f"vLLM is not usable here: {proc.stdout.strip()[-300:]}")
-    assert proc.returncode == 0, f"child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = run_child(__file__, [model_dir, str(out_path)], env=env, timeout=540)
     res: dict[str, Any] = torch.load(out_path, weights_only=True)
     res["log"] = proc.stdout + proc.stderr
     print(

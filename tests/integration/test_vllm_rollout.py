@@ -18,7 +18,6 @@ import math
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.padding import compute_position_ids, pad_sequences_left
 from rlhf_ops.protocol import DataProto
 from tests.support.rollout_calls import Call, generate
+from tests.support.vllm_child import SKIP_EXIT, run_child
 from workers.rollout.hf_rollout import HFRollout
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.rollout.vllm_rollout import VLLMRollout
@@ -42,7 +42,6 @@ PAD, EOS, R = 0, 2, 12
 PROMPTS = [[1, 40, 41, 42, 43, 44], [1, 50, 51], [1, 60, 61, 62, 63, 64, 65, 66]]  # P = 8 after left padding
 MODEL_BYTES, LARGEST_PARAM_BYTES, NUM_PARAMS = 371968, 32768, 21  # hand-derived in the module docstring
 BUCKET_BYTES, SMALL_BUCKET_BYTES = 48 << 10, 20 << 10  # 20 KiB < one MLP matrix: those go alone
-SKIP_EXIT = 77
 
 
 def make_prompts(**settings: Any) -> Call:
@@ -195,19 +194,7 @@ def vllm_results(tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) 
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env["TOKENIZERS_PARALLELISM"] = "false"
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), tiny_model_dir, str(out_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=420,
-    )
-    if proc.returncode == SKIP_EXIT:
-        pytest.skip(f"vLLM is not usable here: {proc.stdout.strip()[-300:]}")
-    assert proc.returncode == 0, (
-        f"vLLM child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
+    run_child(__file__, [tiny_model_dir, str(out_path)], env=env, timeout=420)
     res: dict[str, Any] = torch.load(out_path, weights_only=True)
 
     def sync(key: str) -> str:

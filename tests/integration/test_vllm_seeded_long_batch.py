@@ -14,7 +14,6 @@ Runs in a child process (this file as a script): vLLM changes process-wide state
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,10 +22,11 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.vllm_child import SKIP_EXIT, run_child
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP_EXIT = 77
 PROMPTS, PROMPT_LEN, N, R = 12, 400, 2, 8
 
 
@@ -71,17 +71,7 @@ def test_seeded_sampling_of_prompts_over_the_step_budget(tiny_model_dir: str, tm
     out_path = tmp_path / "results.pt"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), tiny_model_dir, str(out_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode == SKIP_EXIT:
-        pytest.skip(f"vLLM is not usable here: {proc.stdout.strip()[-300:]}")
-    assert proc.returncode == 0, f"child failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    run_child(__file__, [tiny_model_dir, str(out_path)], env=env, timeout=600)
     res = torch.load(out_path, weights_only=True)
     print(f"\n[vllm seeded long batch] child {time.perf_counter() - start:.1f} s")
     assert res["chunked"] is False
