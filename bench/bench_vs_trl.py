@@ -14,8 +14,10 @@ Settings (each side's best on 2 cores): TRL: one process, 2 torch threads, HF ``
 tries bf16 autocast). Platform: vLLM rollout, each prompt forwarded once for its 4 samples
 (``actor.share_prompt_prefix``) on packed rows, the fused log-prob/entropy, the old-log-prob pass skipped
 (on-policy), fp32; run as 1 rank x 2 threads (``resources.num_cpus_per_worker=2``) and as 2 ranks x 1 thread
-(``--variants``; ``1x2-unshared`` is 1x2 without shared prompts, ``1x2-bf16`` is 1x2 with bf16 autocast), the
-fastest one reported, every variant's per-step reward printed. ``--platform-override key=value`` adds overrides.
+(``--variants``; ``1x2-unshared`` is 1x2 without shared prompts, ``1x2-bf16`` is 1x2 with bf16 autocast,
+``1x2-bf16-gs1`` adds one gradient reduce-scatter per mini-batch, ``1x2-bf16-plain`` runs the one-rank actor and
+reference without FSDP2: ``fsdp.single_rank_plain``), the fastest one reported, every variant's per-step reward
+printed. ``--platform-override key=value`` adds overrides.
 
 Prints s/step (median after the first step), tokens/s (prompt + response, valid), peak RSS per process, the
 ratio; a per-stage table (FLOPs from the model's shapes, time, fraction of the matmul peak measured here in
@@ -238,6 +240,20 @@ RANK_VARIANTS = {
         "actor.fsdp.mixed_precision.param_dtype=bfloat16",
         "ref.fsdp.mixed_precision.param_dtype=bfloat16",
     ],
+    # 1x2-bf16 with the gradients reduce-scattered once per mini-batch instead of after each micro-batch.
+    "1x2-bf16-gs1": [
+        "actor.fsdp.mixed_precision.param_dtype=bfloat16",
+        "ref.fsdp.mixed_precision.param_dtype=bfloat16",
+        "actor.fsdp.grad_sync_last_micro_batch=true",
+    ],
+    # 1x2-bf16 with plain parameters on the one rank: no FSDP2 all-gather / reduce-scatter copies.
+    "1x2-bf16-plain": [
+        "actor.fsdp.mixed_precision.param_dtype=bfloat16",
+        "ref.fsdp.mixed_precision.param_dtype=bfloat16",
+        "actor.fsdp.single_rank_plain=true",
+        "ref.fsdp.single_rank_plain=true",
+    ],
+    "1x2-plain": ["actor.fsdp.single_rank_plain=true", "ref.fsdp.single_rank_plain=true"],
 }
 
 
@@ -336,7 +352,7 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="1x2,2x1",
-        help="of 1x2, 2x1, 1x2-unshared, 1x2-bf16 (ranks x threads; the fastest is reported)",
+        help="of " + ", ".join(RANK_VARIANTS) + " (ranks x threads; the fastest is reported)",
     )
     parser.add_argument("--platform-override", action="append", default=[], help="extra key=value (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write all results as JSON here")

@@ -213,6 +213,12 @@ class FSDPConfig(Section):
         "every micro-batch (FSDP2 set_requires_gradient_sync): fewer gradient copies and collectives, at the memory "
         "of one unsharded gradient held across the micro-batches.",
     )
+    single_rank_plain: bool = Field(
+        False,
+        description="A role on one rank keeps plain parameters instead of FSDP2 (nothing to shard there: FSDP2 "
+        "would only copy every parameter in its all-gathers and every gradient in its reduce-scatters). "
+        "Checkpoints stay DCP and resume on any number of ranks. Ignored with more than one rank.",
+    )
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
     master_dtype: DType | None = Field(
         None,

@@ -19,6 +19,7 @@ Loading a model too large for every rank (verl's flow)::
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 
@@ -36,6 +37,8 @@ from workers.fsdp.model import ModelKind, find_decoder_blocks, load_hf_model
 from workers.fsdp.precision import enable_cpu_autocast, mixed_precision_policy
 
 __all__ = ["apply_fsdp2", "build_fsdp_model", "load_full_state_dict", "select_wrap_modules"]
+
+_LOG = logging.getLogger(__name__)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -141,7 +144,8 @@ def apply_fsdp2(
             size policy prefetch in module order).
 
     Returns:
-        ``model`` itself, now an ``FSDPModule``.
+        ``model`` itself, now an ``FSDPModule``; unchanged (plain parameters) with ``cfg.single_rank_plain`` on a
+        one-rank mesh, unless the precision's mechanism is ``"fsdp2"``.
 
     Raises:
         ValueError: ``activation_checkpointing`` on a model that does not support HF gradient checkpointing,
@@ -160,6 +164,13 @@ def apply_fsdp2(
     offload: OffloadPolicy = OffloadPolicy()
     if cfg.param_offload and mesh.device_type != "cpu":
         offload = CPUOffloadPolicy(pin_memory=True)
+    if cfg.single_rank_plain and mesh.size() == 1 and precision.mechanism != "fsdp2":
+        # One rank: FSDP2 would shard nothing, only copy every parameter (all-gathers) and every gradient
+        # (reduce-scatters). Kept under "fsdp2" precision, whose bf16 cast rides on those all-gathers.
+        if precision.mechanism == "autocast":
+            enable_cpu_autocast(model, _dtype(precision.compute))
+        _LOG.info("fsdp.single_rank_plain: %s keeps plain parameters on its one rank", type(model).__name__)
+        return model
     reshard = cfg.reshard_after_forward
     units = select_wrap_modules(model, cfg.wrap_policy)
     for unit in units:

@@ -98,3 +98,20 @@ def test_device_mesh_validation(gloo_world1: None) -> None:
     with pytest.raises(NotImplementedError, match="Ulysses"):
         build_device_mesh(1, sp_size=2)
     assert get_device("cpu") == torch.device("cpu")
+
+
+def test_single_rank_plain_keeps_plain_parameters_and_loads_rank0_weights(
+    gloo_world1: None, tiny_model_dir: str
+) -> None:
+    cfg = FSDPConfig(single_rank_plain=True)
+    plain = build_fsdp_model(tiny_model_dir, kind="causal_lm", mesh=build_device_mesh(1), cfg=cfg, device="cpu")
+    wrapped = build_fsdp_model(
+        tiny_model_dir, kind="causal_lm", mesh=build_device_mesh(1), cfg=FSDPConfig(), device="cpu"
+    )
+    assert not isinstance(plain, FSDPModule)
+    assert not any(isinstance(p, DTensor) for p in plain.parameters())
+    torch.testing.assert_close(_logits(plain), _logits(wrapped), atol=1e-6, rtol=0)
+    # bf16 compute on CPU: the autocast wrapper still applies without FSDP2
+    bf16 = FSDPConfig.model_validate({"single_rank_plain": True, "mixed_precision": {"param_dtype": "bfloat16"}})
+    model = apply_fsdp2(load_hf_model(tiny_model_dir, kind="causal_lm"), build_device_mesh(1), bf16)
+    assert not isinstance(model, FSDPModule) and _logits(model).dtype == torch.bfloat16
