@@ -70,14 +70,27 @@ class SFTTrainerConfig(Section):
     metrics_file: str | None = Field(None, description="JSONL of the metrics; None = <output_dir>.metrics.jsonl.")
 
 
+class SFTOptimConfig(OptimConfig):
+    """The RL actor's optimizer section, with SFT's usual defaults (lr 1e-5, no weight decay)."""
+
+    lr: float = Field(1e-5, gt=0.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+class SFTTrackingConfig(TrackingConfig):
+    """MLflow (``trainer.logger`` lists ``mlflow``): the RL run's section, in its own experiment by default."""
+
+    experiment: str = Field("rlhf-sft", min_length=1)
+
+
 class SFTConfig(Section):
     """One SFT run, fully resolved."""
 
     model: SFTModelConfig
     data: SFTDataConfig
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5, weight_decay=0.0))
+    optim: SFTOptimConfig = Field(default_factory=SFTOptimConfig)
     trainer: SFTTrainerConfig
-    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="rlhf-sft"))
+    tracking: SFTTrackingConfig = Field(default_factory=SFTTrackingConfig)
 
 
 def sft_problems(cfg: SFTConfig) -> list[ConfigProblem]:

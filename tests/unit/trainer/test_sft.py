@@ -174,3 +174,21 @@ def test_examples_are_the_same_for_the_loader_and_collate() -> None:
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_mlflow_gets_the_loss_of_every_step(tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data = _write_chats(tmp_path / "chats.jsonl", repeat=1)  # 6 rows, 1 step per epoch
+    extra = {"trainer.epochs": 2, "trainer.logger": "[jsonl,mlflow]", "tracking.mlflow_uri": uri}
+    assert main(_overrides(tmp_path, data, **extra)) == 0
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("rlhf-sft").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["rlhf.stage"] == "sft"
+    history = client.get_metric_history(run.info.run_id, "sft/loss")
+    assert [m.step for m in history] == [1, 2]
+    jsonl = [json.loads(line)["sft/loss"] for line in (tmp_path / "sft-model.metrics.jsonl").read_text().splitlines()]
+    assert [m.value for m in history] == pytest.approx(jsonl)
+    assert run.data.params["optim.lr"] == "0.003"
