@@ -85,7 +85,7 @@ def encode_conversation(
         ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     mask = [0] * len(ids)
     eos_text = tokenizer.decode([eos_token_id])
-    pending: list[dict[str, Any]] = []  # messages after an assistant turn, rendered as one observation
+    pending: list[Mapping[str, Any]] = []  # messages after an assistant turn, rendered as one observation
     for message in messages[first:]:
         if message["role"] != "assistant":
             pending.append(message)
@@ -101,7 +101,7 @@ def encode_conversation(
     return ids, mask  # trailing non-assistant messages have nothing to learn: dropped
 
 
-def _observation(renderer: ObservationRenderer, messages: list[dict[str, Any]], eos_text: str) -> list[int]:
+def _observation(renderer: ObservationRenderer, messages: list[Mapping[str, Any]], eos_text: str) -> list[int]:
     """Observation ids for the ``tool`` results and ``user`` replies after a model turn (the loop's rendering)."""
     rendered: list[dict[str, Any]] = []
     for message in messages:
