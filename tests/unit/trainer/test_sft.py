@@ -169,7 +169,7 @@ def test_an_existing_output_folder_is_kept_without_overwrite(tmp_path: Path, cap
     assert line.startswith("error: trainer.output_dir:") and "set trainer.overwrite=true" in line
 
 
-def test_examples_are_the_same_for_the_loader_and_collate() -> None:
+def test_collate_right_pads_ids_attention_and_loss_mask() -> None:
     batch = collate([SFTExample([5, 6, 7], [0, 1, 1]), SFTExample([8], [1])], pad_token_id=0)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
