@@ -1,4 +1,4 @@
-"""The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``prepare-data``, ``model
+"""The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``sft``, ``prepare-data``, ``model
 import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and ``pipeline-job`` (the Ray job
 entrypoint of the pipeline's heavy tasks). Heavy imports (torch, Ray) happen inside the command that needs them.
 """
@@ -14,14 +14,16 @@ from collections.abc import Callable, Sequence
 from rlhf_ops.config import ConfigError, RunConfig, dump_config, load_config
 from rlhf_ops.pipeline.params import TRAIN_MODULE
 
-# `train` and `demo` belong to the layers above the library (the Ray worker groups, Airflow), so they are handed
-# off by module path: the process becomes `python -m workers.entrypoints.train` or `python -m rlhf_airflow.demo`
-# with the same arguments (same PID, signals, stdio and exit code), and the library never imports workers/ or
-# Airflow (docs/decisions.md, "composition root").
+# `train`, `sft` and `demo` belong to the layers above the library (the Ray worker groups, the FSDP optimizer code,
+# Airflow), so they are handed off by module path: the process becomes `python -m workers.entrypoints.train` (or
+# `.sft`) or `python -m rlhf_airflow.demo` with the same arguments (same PID, signals, stdio and exit code), and the
+# library never imports workers/ or Airflow (docs/decisions.md, "composition root").
 DEMO_MODULE = "rlhf_airflow.demo"
+SFT_MODULE = "workers.entrypoints.sft"
 # Commands whose code lives above the library: name -> (module run with `python -m`, help line).
 HANDED_OFF: dict[str, tuple[str, str]] = {
     "train": (TRAIN_MODULE, "run PPO/GRPO training (the Ray job entrypoint); `rlhf train --help` for its options"),
+    "sft": (SFT_MODULE, "supervised fine-tuning on chat / tool-call conversations; `rlhf sft --help` for options"),
     "demo": (DEMO_MODULE, "run the whole pipeline (Airflow + Ray + MLflow) locally on tiny-cpu; --help for options"),
 }
 

@@ -1,4 +1,4 @@
-"""``rlhf train`` and ``rlhf demo`` hand the process to the composition roots by module path.
+"""``rlhf train``, ``rlhf sft`` and ``rlhf demo`` hand the process to the composition roots by module path.
 
 The library's CLI imports neither ``workers/`` nor Airflow (the import-linter contracts hold that); these tests
 check the other half: the module paths it runs exist, every argument (``--help`` included) reaches the
@@ -40,6 +40,7 @@ def test_each_handed_off_command_names_a_module_that_exists(command: str) -> Non
     [
         ("train", "usage: rlhf train [-h] [--preset PRESET] [--ray-address RAY_ADDRESS]"),
         ("demo", "usage: rlhf demo [-h] [--root ROOT] [--postgres] [--steps STEPS]"),
+        ("sft", "usage: rlhf sft [-h] [--preset PRESET]"),
     ],
 )
 def test_help_reaches_the_module_s_own_parser(command: str, usage: str) -> None:
