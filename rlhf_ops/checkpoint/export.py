@@ -32,6 +32,7 @@ from torch import Tensor
 
 from rlhf_ops.storage.manifest import (
     CorruptCheckpointError,
+    apply_default_modes,
     is_complete,
     parse_step_dir,
     verify_checkpoint,
@@ -207,6 +208,7 @@ def export_hf_model(
         info = {"checkpoint": str(ckpt.resolve()), "step": parse_step_dir(ckpt.name), "role": role}
         info["lora_merged"] = lora
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        apply_default_modes(tmp)  # safetensors writes 0600: readable by the serving / registering user too
         _replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -175,6 +175,23 @@ def _umask() -> int:
     return 0o022
 
 
+def apply_default_modes(root: str | os.PathLike[str]) -> None:
+    """Gives ``root`` and everything under it the modes ``open()`` / ``mkdir`` would (0666 / 0777 less the umask).
+
+    For folders written through a temp sibling and renamed into place: ``tempfile.mkdtemp`` makes 0700 folders
+    and safetensors writes its files 0600, which other users of a shared folder (Airflow's worker reading what a
+    Ray job wrote, a serving process) could not read.
+    """
+    umask = _umask()
+    top = Path(root)
+    os.chmod(top, 0o777 & ~umask)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames:
+            os.chmod(Path(dirpath) / name, 0o777 & ~umask)
+        for name in filenames:
+            os.chmod(Path(dirpath) / name, 0o666 & ~umask)
+
+
 def atomic_write_local(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to a local file through a temp file in the same folder, fsync, and ``os.replace``.
 

@@ -122,6 +122,9 @@ def test_rlhf_export_writes_a_model_with_the_trained_weights_and_logits(
         p.name for p in out.iterdir()
     }
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary folder left behind
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # safetensors alone writes 0600
     exported = AutoModelForCausalLM.from_pretrained(out)
     weights: dict[str, torch.Tensor] = trained["weights"]
     state = exported.state_dict()

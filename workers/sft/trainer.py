@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from rlhf_ops.config.sft import SFTConfig
+from rlhf_ops.storage.manifest import apply_default_modes
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.sft import SFTExample, collate, encode_rows, epoch_steps, sft_loss, steps_per_epoch
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
@@ -95,6 +96,7 @@ def _save(model: Any, tokenizer: Any, out: Path, *, info: dict[str, Any], overwr
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / SFT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        apply_default_modes(tmp)  # safetensors writes 0600: the RL job's user must read it too
         if out.exists():
             if not overwrite:
                 raise ValueError(f"trainer.output_dir: {out} exists; set trainer.overwrite=true or another folder")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,13 @@ def test_a_tiny_run_learns_and_writes_a_model_that_loads_and_generates(tmp_path:
     info = json.loads((out / SFT_INFO_FILE).read_text())
     assert info["optimizer_steps"] == 18 and info["conversations"] == 24
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    umask = os.umask(0o022)
+    os.umask(umask)  # read it back (the test runs single-threaded here)
+    # other users (the RL job, a server) read the folder: open()'s modes, not mkdtemp's 0700 / safetensors' 0600
+    assert {p.name: p.stat().st_mode & 0o777 for p in [out, out / "model.safetensors"]} == {
+        out.name: 0o777 & ~umask,
+        "model.safetensors": 0o666 & ~umask,
+    }
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "2+3="}], add_generation_prompt=True, tokenize=False
