@@ -209,14 +209,14 @@ def export_hf_model(
         info["lora_merged"] = lora
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         apply_default_modes(tmp)  # safetensors writes 0600: readable by the serving / registering user too
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported %s -> %s (%d tensors, LoRA merged: %s)", role_dir, out, len(weights), lora)
     return out
 
 
-def _replace_dir(src: Path, dest: Path) -> None:
+def replace_dir(src: Path, dest: Path) -> None:
     """Renames ``src`` to ``dest``; an existing ``dest`` is moved aside first and deleted after."""
     old = None
     if dest.exists():

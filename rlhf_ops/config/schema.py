@@ -209,15 +209,13 @@ class FSDPConfig(Section):
     reshard_after_forward: bool = Field(True, description="Free gathered params after forward (ZeRO-3).")
     grad_sync_last_micro_batch: bool = Field(
         False,
-        description="Reduce-scatter the gradients once per mini-batch, on its last micro-batch, instead of after "
-        "every micro-batch (FSDP2 set_requires_gradient_sync): fewer gradient copies and collectives, at the memory "
-        "of one unsharded gradient held across the micro-batches.",
+        description="Reduce-scatter the gradients once per mini-batch instead of after every micro-batch (FSDP2 "
+        "set_requires_gradient_sync): fewer copies and collectives, +1 unsharded gradient held meanwhile.",
     )
     single_rank_plain: bool = Field(
         False,
-        description="A role on one rank keeps plain parameters instead of FSDP2 (nothing to shard there: FSDP2 "
-        "would only copy every parameter in its all-gathers and every gradient in its reduce-scatters). "
-        "Checkpoints stay DCP and resume on any number of ranks. Ignored with more than one rank.",
+        description="One rank: plain parameters, no FSDP2 (which would only copy them and their gradients there); "
+        "checkpoints stay DCP and resume on any number of ranks. Ignored with more ranks or GPU bf16.",
     )
     mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
     master_dtype: DType | None = Field(

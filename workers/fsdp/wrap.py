@@ -160,10 +160,6 @@ def apply_fsdp2(
         # Non-reentrant checkpointing: works with FSDP2 hooks and with inputs that need no grad.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
     precision = precision or _model_precision(model, cfg, mesh.device_type)
-    mp_policy = mixed_precision_policy(precision)
-    offload: OffloadPolicy = OffloadPolicy()
-    if cfg.param_offload and mesh.device_type != "cpu":
-        offload = CPUOffloadPolicy(pin_memory=True)
     if cfg.single_rank_plain and mesh.size() == 1 and precision.mechanism != "fsdp2":
         # One rank: FSDP2 would shard nothing, only copy every parameter (all-gathers) and every gradient
         # (reduce-scatters). Kept under "fsdp2" precision, whose bf16 cast rides on those all-gathers.
@@ -171,6 +167,10 @@ def apply_fsdp2(
             enable_cpu_autocast(model, _dtype(precision.compute))
         _LOG.info("fsdp.single_rank_plain: %s keeps plain parameters on its one rank", type(model).__name__)
         return model
+    mp_policy = mixed_precision_policy(precision)
+    offload: OffloadPolicy = OffloadPolicy()
+    if cfg.param_offload and mesh.device_type != "cpu":
+        offload = CPUOffloadPolicy(pin_memory=True)
     reshard = cfg.reshard_after_forward
     units = select_wrap_modules(model, cfg.wrap_policy)
     for unit in units:

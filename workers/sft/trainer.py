@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rlhf_ops.checkpoint.export import replace_dir
 from rlhf_ops.config.sft import SFTConfig
 from rlhf_ops.storage.manifest import apply_default_modes
 from rlhf_ops.tracking.logger import MetricLogger
@@ -97,11 +98,9 @@ def _save(model: Any, tokenizer: Any, out: Path, *, info: dict[str, Any], overwr
         tokenizer.save_pretrained(tmp)
         (tmp / SFT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         apply_default_modes(tmp)  # safetensors writes 0600: the RL job's user must read it too
-        if out.exists():
-            if not overwrite:
-                raise ValueError(f"trainer.output_dir: {out} exists; set trainer.overwrite=true or another folder")
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if out.exists() and not overwrite:
+            raise ValueError(f"trainer.output_dir: {out} exists; set trainer.overwrite=true or another folder")
+        replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
