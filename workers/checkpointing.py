@@ -40,6 +40,7 @@ from rlhf_ops.checkpoint.dcp_reader import (
     SafeLoadPlanner,
 )
 from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload, fetch_to_node, upload_rank_files
+from workers.fsdp.optim import restore_optimizer_kernel
 
 DCP_METADATA_FILE = ".metadata"  # written by the coordinator (rank 0) once every rank's shards are written
 
@@ -134,6 +135,8 @@ def load_role_checkpoint(
         optim_state_dict=state.get("optim", {}),
         options=StateDictOptions(strict=True),
     )
+    if optimizer is not None:
+        restore_optimizer_kernel(optimizer)
     sched_file = Path(path) / SCHEDULER_FILE
     if scheduler is not None and sched_file.exists():
         saved = json.loads(sched_file.read_text())

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from rlhf_ops.config.precision import RolePrecision
 
-__all__ = ["cpu_has_native_bf16", "enable_cpu_autocast", "mixed_precision_policy"]
+__all__ = ["cpu_has_native_bf16", "enable_cpu_autocast", "keep_autocast_casts", "mixed_precision_policy"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -78,3 +80,68 @@ def enable_cpu_autocast(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     module.forward = forward
     setattr(module, "_rlhf_autocast_dtype", dtype)  # noqa: B010 (nn.Module.__setattr__ types it as a submodule)
     return module
+
+
+def _fold_into_master(shadow: Tensor, master: nn.Parameter) -> None:
+    """Moves a bf16 copy's gradient into its fp32 master's ``.grad``: one fp32 buffer per mini-batch."""
+    grad, shadow.grad = shadow.grad, None
+    if grad is None:
+        return
+    if master.grad is None:
+        master.grad = grad.to(master.dtype)
+    else:
+        master.grad.add_(grad)  # fp32 += bf16 widens element by element, exactly: no fp32 temporary
+
+
+@contextmanager
+def keep_autocast_casts(module: nn.Module) -> Iterator[None]:
+    """Inside the block (one mini-batch's forwards and backwards), ``module``'s weights are cast to bf16 once.
+
+    Under CPU autocast each forward casts every fp32 weight to bf16 again (autocast's cache lives only until
+    the outermost autocast block exits), and each backward turns every bf16 weight gradient into a new fp32
+    tensor (the cast's ``ToCopyBackward``) before adding it to ``.grad``: for SmolLM2-135M, 135M elements
+    each way per micro-batch, into freshly allocated (page-faulting) buffers. Here:
+
+    - every ``nn.Linear`` weight is swapped, for the block, for a bf16 copy that is a leaf of its own (frozen
+      weights too, without a gradient); autocast passes bf16 weights through uncast. After each backward a
+      post-accumulate hook adds the copy's bf16 gradient into the fp32 master's ``.grad`` in place (what
+      Megatron calls the fp32 ``main_grad`` accumulation). The values are those autocast computes: the same
+      bf16 copies, the same bf16 gradients, widened exactly; only a weight that is also used outside a
+      Linear (an embedding tied to the LM head) sums its two gradients in another order (fp32 rounding);
+    - one autocast nesting level is held open, so any other weight autocast casts (a vision tower's
+      convolution) is cast once per block too (autocast's own cache).
+
+    Only for a module with CPU autocast (:func:`enable_cpu_autocast`) and plain parameters (FSDP2 swaps its
+    unsharded parameters' storage between forwards); the weights must not change inside the block (the
+    optimizer steps after it). Parameters are restored on exit, whatever happens. A no-op otherwise.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    dtype = getattr(module, "_rlhf_autocast_dtype", None)
+    if dtype is None or isinstance(module, FSDPModule):
+        yield
+        return
+    swapped: list[tuple[nn.Module, nn.Parameter, Tensor]] = []
+    hooks = []
+    torch.autocast_increment_nesting()
+    try:
+        for sub in module.modules():
+            master = sub._parameters.get("weight") if isinstance(sub, nn.Linear) else None
+            if not isinstance(master, nn.Parameter) or master.dtype == dtype:
+                continue
+            shadow = master.detach().to(dtype).requires_grad_(master.requires_grad)
+            if master.requires_grad:
+                hooks.append(
+                    shadow.register_post_accumulate_grad_hook(functools.partial(_fold_into_master, master=master))
+                )
+            sub._parameters["weight"] = shadow  # type: ignore[assignment]  # bypasses __setattr__'s Parameter check
+            swapped.append((sub, master, shadow))
+        yield
+    finally:
+        for sub, master, shadow in swapped:
+            _fold_into_master(shadow, master)  # nothing left after a complete backward; kept safe if one failed
+            sub._parameters["weight"] = master
+        for hook in hooks:
+            hook.remove()
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()

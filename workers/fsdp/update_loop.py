@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from rlhf_ops.config.batch_plan import PPOPlan
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.optim import clipped_optimizer_step
+from workers.fsdp.precision import keep_autocast_casts
 from workers.utils.dist import MetricAccumulator, global_counts
 from workers.utils.micro_batch import make_micro_batches
 
@@ -81,14 +82,16 @@ class MiniBatchUpdate:
         # Gradient accumulation: backward per micro-batch, one optimizer step per mini-batch. Each micro-batch's
         # loss is normalised by the mini-batch's global counts (num_tokens, num_seqs), not its own, so the
         # accumulated gradient is the same however the mini-batch was split (rows per micro-batch, ranks).
-        for index, micro in enumerate(micro_batches):
-            if self.sync_once:  # every rank has the same number of micro-batches: the same one reduces
-                # A reduce-scatter of the summed gradients equals the sum of per-micro-batch reduce-scatters.
-                self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)  # type: ignore[operator]
-            loss = micro_loss(micro, num_tokens, num_seqs)
-            # The loss is already a global mean, so the wanted gradient is the sum over ranks; FSDP averages
-            # gradients over the dp x sp ranks holding the shards, and multiplying by their number undoes that.
-            (loss * self.loss_scale).backward()
+        # CPU autocast on plain parameters: the weights are cast to bf16 once per mini-batch, not per micro-batch.
+        with keep_autocast_casts(self.module):
+            for index, micro in enumerate(micro_batches):
+                if self.sync_once:  # every rank has the same number of micro-batches: the same one reduces
+                    # A reduce-scatter of the summed gradients equals the sum of per-micro-batch reduce-scatters.
+                    self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)  # type: ignore[operator]
+                loss = micro_loss(micro, num_tokens, num_seqs)
+                # The loss is already a global mean, so the wanted gradient is the sum over ranks; FSDP averages
+                # the gradients over the dp x sp ranks holding the shards; multiplying by their number undoes it.
+                (loss * self.loss_scale).backward()
 
     def step(self, acc: MetricAccumulator) -> None:
         """Clipped optimizer step (skipped on a non-finite norm); adds ``<role>/grad_norm``, ``<role>/lr`` and

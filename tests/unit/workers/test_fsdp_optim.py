@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +91,49 @@ def test_optimizer_without_trainable_parameters_is_an_error() -> None:
     layer = nn.Linear(2, 1).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer(layer, OptimConfig())
+
+
+def _adamw_steps(opt: torch.optim.Optimizer, params: list[nn.Parameter], steps: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen) * 1e-3
+        opt.step()
+
+
+def test_cpu_optimizer_is_fused_and_within_an_ulp_of_the_per_tensor_loop() -> None:
+    optim = OptimConfig(lr=1e-3, weight_decay=0.01)
+    fused_model, loop_model = nn.Linear(64, 48), nn.Linear(64, 48)
+    loop_model.load_state_dict(fused_model.state_dict())
+    fused = build_optimizer(fused_model, optim)
+    loop = torch.optim.AdamW(loop_model.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+    assert fused.defaults["fused"] is True
+    _adamw_steps(fused, list(fused_model.parameters()), 5, seed=0)
+    _adamw_steps(loop, list(loop_model.parameters()), 5, seed=0)
+    moved = (fused_model.weight - loop_model.weight).abs().max().item()
+    # Same update, another evaluation order: measured 7.5e-9 apart after 5 steps (weights ~0.1: 1 ulp 7.5e-9).
+    print(f"fused vs loop after 5 steps: {moved:.1e}")
+    assert moved < 3e-8, moved
+    assert not torch.equal(fused_model.weight, nn.Linear(64, 48).weight)
+
+
+def test_a_per_tensor_loop_checkpoint_resumes_in_the_fused_optimizer(gloo_world1: None, tmp_path: Path) -> None:
+    """A checkpoint of the old per-tensor AdamW loads into the fused one, which stays fused on the same path."""
+    from workers.checkpointing import load_role_checkpoint, save_role_checkpoint
+
+    old_model = nn.Linear(16, 8)
+    old = torch.optim.AdamW(old_model.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+    _adamw_steps(old, list(old_model.parameters()), 3, seed=1)
+    save_role_checkpoint(str(tmp_path / "actor"), old_model, old, None)
+    resumed_model = nn.Linear(16, 8)
+    resumed = build_optimizer(resumed_model, OptimConfig(lr=1e-3, weight_decay=0.01))
+    load_role_checkpoint(str(tmp_path / "actor"), resumed_model, resumed, None)
+    assert torch.equal(resumed_model.weight, old_model.weight)
+    assert resumed.param_groups[0]["fused"] is True  # the saved group said fused=None (the loop)
+    assert float(resumed.state[resumed_model.weight]["step"]) == 3.0
+    _adamw_steps(old, list(old_model.parameters()), 2, seed=2)
+    _adamw_steps(resumed, list(resumed_model.parameters()), 2, seed=2)
+    # Measured bit-equal after the 2 more steps here; one ulp of the weights (~1.5e-8) either way is allowed.
+    print(f"resumed fused vs loop: {(resumed_model.weight - old_model.weight).abs().max().item():.1e}")
+    torch.testing.assert_close(resumed_model.weight, old_model.weight, rtol=0, atol=3e-8)
+    assert float(resumed.state[resumed_model.weight]["step"]) == 5.0

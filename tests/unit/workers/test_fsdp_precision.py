@@ -6,6 +6,7 @@ The model is the real SmolLM2-135M-Instruct cut to 2 decoder blocks, stored bf16
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,63 @@ def test_bf16_autocast_losses_match_fp32_within_tolerance(gloo_world1: None, bf1
     # Measured: NLL 14.665 (fp32) vs 14.680 (bf16 autocast), 0.1% apart; max token diff 0.15 (2 cut-down blocks).
     torch.testing.assert_close(loss16, loss32, rtol=2e-2, atol=0.0)
     assert 0 < token_diff < 0.25
+
+
+class _CastCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts fp32 -> bf16 copies of 2-D tensors (autocast's weight casts; activations are 3-D here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+            self.casts += int(args[0].dtype == torch.float32 and args[0].dim() == 2)
+        return func(*args, **kwargs)
+
+
+def _micro_batch_grads(model: nn.Module, batch: dict[str, Any], *, keep: bool) -> tuple[dict[str, Tensor], int]:
+    """Gradients of 3 micro-batches' summed loss (each of the 2 rows, then both), and the weight casts made."""
+    from workers.fsdp.precision import keep_autocast_casts
+
+    model.zero_grad(set_to_none=True)
+    rows = [slice(0, 1), slice(1, 2), slice(0, 2)]
+    counter = _CastCounter()
+    with counter, keep_autocast_casts(model) if keep else contextlib.nullcontext():
+        for sl in rows:
+            micro = {k: (v[sl] if isinstance(v, Tensor) else v) for k, v in batch.items()}
+            log_probs, _ = response_log_probs(model, **micro)
+            (-log_probs.mean()).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}, counter.casts
+
+
+def test_autocast_casts_kept_over_micro_batches_cast_once_with_the_same_gradients(
+    gloo_world1: None, bf16_model_dir: str
+) -> None:
+    precision = resolve_precision("bfloat16", FSDPConfig(), trained=True, device="cpu")
+    model = build_fsdp_model(
+        bf16_model_dir,
+        kind="causal_lm",
+        mesh=build_device_mesh(1),
+        cfg=FSDPConfig(single_rank_plain=True),
+        device="cpu",
+        attn_implementation="sdpa",
+        precision=precision,
+    )
+    batch = _batch(bf16_model_dir)
+    per_forward, casts_each = _micro_batch_grads(model, batch, keep=False)
+    kept, casts_kept = _micro_batch_grads(model, batch, keep=True)
+    matrices = sum(p.dim() == 2 for p in model.parameters())  # 2 blocks x 7 linears + the tied embedding
+    assert matrices == 15
+    # Without the block every forward casts every matrix but the embedding's lookup again; with it, once.
+    assert casts_each == 3 * matrices and casts_kept == matrices, (casts_each, casts_kept)
+    assert kept.keys() == per_forward.keys() and len(kept) == sum(1 for _ in model.parameters())
+    tied = "model.embed_tokens.weight"  # the LM head's weight too: its two gradients are summed in another order
+    for name, grad in per_forward.items():
+        if name != tied:
+            assert torch.equal(kept[name], grad), name  # the same bf16 copies and gradients, widened exactly
+    torch.testing.assert_close(kept[tied], per_forward[tied], rtol=1e-5, atol=1e-7)
+    assert all(p.dtype == torch.float32 and isinstance(p, nn.Parameter) for p in model.parameters())  # restored
+    assert torch.is_autocast_cache_enabled() and torch.autocast_increment_nesting() == 1  # nesting restored
+    torch.autocast_decrement_nesting()

@@ -1,0 +1,227 @@
+"""The actor update of ``bench_vs_trl.py``'s workload, timed by phase without a profiler, against its matmul floor.
+
+    flock /tmp/rlhf-heavy.lock .venv/bin/python bench/update_breakdown.py --threads 2
+
+One process, one rank (gloo world of 1), SmolLM2-135M-Instruct built by the platform's own path
+(``build_fsdp_model``, ``fsdp.single_rank_plain``, bf16 CPU autocast, fp32 masters and AdamW). The mini-batch is the
+bench's: 8 prompts x 4 samples (prompts of ~45 tokens, responses of 1-32 tokens), 4 micro-batches of 2 prompt groups,
+shared-prompt packing, the fused log-prob. Per repetition it times the forwards, the backwards and the optimizer
+step (``MiniBatchUpdate``, the worker's loop), for each variant in the same run, so the ratios hold on any host:
+
+- ``keep-casts``: the platform's path (:func:`workers.fsdp.precision.keep_autocast_casts`: bf16 weight copies held
+  over the mini-batch, gradients folded into the fp32 masters);
+- ``per-forward``: autocast's own casts each forward (the path before 2026-12-05).
+
+Then the floor, measured here: every GEMM of the update (forward, input gradient, weight gradient of each linear,
+the LM head at the kept positions) run alone at the micro-batches' real shapes in bf16, and the FLOP bound at the
+best bf16 rate this host reached on large shapes (``bench_vs_trl.matmul_peak``'s shapes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _batch(tok: Any, *, prompts: int, n: int, max_new: int, seed: int) -> dict[str, Any]:
+    """A left-padded prompt + right-padded response batch of the bench's shape (random response lengths)."""
+    import torch
+
+    from bench.trl_workload import make_rows
+
+    rng = random.Random(seed)
+    prompt_ids = [
+        tok(
+            tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for row in make_rows(prompts, seed=seed)
+    ]
+    width = max(len(p) for p in prompt_ids)
+    rows, masks, resp_masks = [], [], []
+    for ids in prompt_ids:
+        for _ in range(n):
+            length = rng.randint(1, max_new)
+            response = [rng.randrange(tok.vocab_size) for _ in range(length)] + [0] * (max_new - length)
+            rows.append([0] * (width - len(ids)) + list(ids) + response)
+            masks.append([0] * (width - len(ids)) + [1] * (len(ids) + length) + [0] * (max_new - length))
+            resp_masks.append([1] * length + [0] * (max_new - length))
+    input_ids, attention_mask = torch.tensor(rows), torch.tensor(masks)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": input_ids[:, -max_new:],
+        "response_mask": torch.tensor(resp_masks, dtype=torch.float32),
+    }
+
+
+def _update_once(model: Any, optimizer: Any, batch: dict[str, Any], *, micro: int, keep: bool) -> dict[str, float]:
+    """One mini-batch: forward + backward per micro-batch, then the clipped AdamW step; seconds per phase."""
+    import contextlib
+
+    from workers.actor.forward import response_log_probs
+    from workers.fsdp import clipped_optimizer_step
+    from workers.fsdp.precision import keep_autocast_casts
+
+    rows, max_new = batch["input_ids"].shape[0], batch["responses"].shape[1]
+    total_tokens = float(batch["response_mask"].sum())
+    times = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    with keep_autocast_casts(model) if keep else contextlib.nullcontext():
+        for start in range(0, rows, micro):
+            sl = slice(start, start + micro)
+            t0 = time.perf_counter()
+            log_probs, _ = response_log_probs(
+                model,
+                input_ids=batch["input_ids"][sl],
+                attention_mask=batch["attention_mask"][sl],
+                position_ids=batch["position_ids"][sl],
+                response_length=max_new,
+                share_prompts=True,
+                use_remove_padding=True,
+            )
+            loss = -(log_probs * batch["response_mask"][sl]).sum() / total_tokens
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            times["forward"] += t1 - t0
+            times["backward"] += t2 - t1
+    t3 = time.perf_counter()
+    result = clipped_optimizer_step(model, optimizer, None, max_norm=1.0)
+    assert not result.skipped
+    times["step"] = time.perf_counter() - t3
+    times["total"] = sum(times.values())
+    return times
+
+
+def gemm_floor(shapes: dict[str, int], tokens: list[tuple[int, int]], *, reps: int = 3) -> float:
+    """Seconds of the update's GEMMs alone in bf16 at the micro-batches' real shapes (best of ``reps``).
+
+    ``tokens``: (forwarded tokens, kept LM-head positions) per micro-batch. Per linear (k x n) and micro-batch of m
+    tokens: forward (m x k) @ (k x n), input gradient (m x n) @ (n x k), weight gradient (k x m) @ (m x n).
+    """
+    import torch
+
+    h, inter, kv, vocab = shapes["hidden"], shapes["inter"], shapes["kv_dim"], shapes["vocab"]
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]
+    total = 0.0
+    for m, kept in tokens:
+        work = []
+        for k, n in {*linears, (h, vocab)}:  # one set of operands per distinct shape, made before the clock starts
+            rows = kept if n == vocab else m
+            count = 1 if n == vocab else shapes["layers"] * linears.count((k, n))
+            x, w, g = (torch.randn(rows, k).bfloat16(), torch.randn(k, n).bfloat16(), torch.randn(rows, n).bfloat16())
+            work.append((x, w, g, count))
+        best = float("inf")
+        for _ in range(reps + 1):  # the first round builds oneDNN's primitives
+            start = time.perf_counter()
+            for x, w, g, count in work:
+                for _ in range(count):
+                    x @ w, g @ w.t(), x.t() @ g
+            best = min(best, time.perf_counter() - start)
+        total += best
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=4, help="timed mini-batches per variant (after one warm-up)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
+
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    from bench.bench_vs_trl import matmul_peak, model_shapes
+    from rlhf_ops.config.precision import resolve_precision
+    from rlhf_ops.config.schema import FSDPConfig, OptimConfig
+    from rlhf_ops.models.resolve import resolve_model_path
+    from workers.fsdp import build_device_mesh, build_fsdp_model, build_optimizer
+    from workers.utils.shared_prompt import forwarded_lengths
+
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model_path(args.model)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29_500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = _batch(tok, prompts=8, n=4, max_new=32, seed=0)
+    micro = 8  # rows per micro-batch: 2 prompt groups, as in the bench
+    fsdp = FSDPConfig(single_rank_plain=True)
+    model = build_fsdp_model(
+        model_dir,
+        kind="causal_lm",
+        mesh=build_device_mesh(1),
+        cfg=fsdp,
+        device="cpu",
+        precision=resolve_precision("bfloat16", fsdp, trained=True, device="cpu"),
+    )
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-7))
+    results: dict[str, Any] = {"threads": args.threads, "variants": {}}
+    for variant in ("per-forward", "keep-casts", "per-forward", "keep-casts"):  # interleaved against drift
+        keep = variant == "keep-casts"
+        _update_once(model, optimizer, batch, micro=micro, keep=keep)  # warm-up (oneDNN primitives, allocator)
+        runs = [_update_once(model, optimizer, batch, micro=micro, keep=keep) for _ in range(args.reps)]
+        results["variants"].setdefault(variant, []).extend(runs)
+    summary = {
+        name: {phase: statistics.median(r[phase] for r in runs) for phase in runs[0]}
+        for name, runs in results["variants"].items()
+    }
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    shapes = model_shapes(model_dir)
+    shapes |= {
+        "inter": cfg["intermediate_size"],
+        "vocab": cfg["vocab_size"],
+        "kv_dim": cfg["num_key_value_heads"] * cfg.get("head_dim", shapes["hidden"] // cfg["num_attention_heads"]),
+    }
+    tokens = []
+    for start in range(0, batch["input_ids"].shape[0], micro):
+        sl = slice(start, start + micro)
+        fwd = int(sum(forwarded_lengths(batch["input_ids"][sl], batch["attention_mask"][sl], response_length=32)))
+        tokens.append((fwd, int(batch["response_mask"][sl].sum())))
+    flops = sum(6 * shapes["body"] * m + 6 * shapes["head"] * k for m, k in tokens)
+    peak = matmul_peak(args.threads)["bfloat16"] * 1e9
+    floor = gemm_floor(shapes, tokens)
+    results |= {
+        "summary": summary,
+        "tokens": tokens,
+        "gflop": flops / 1e9,
+        "bf16_peak_gflops": peak / 1e9,
+        "flop_bound_s": flops / peak,
+        "gemm_floor_s": floor,
+    }
+    print(f"micro-batches (forwarded tokens, kept positions): {tokens}; {flops / 1e9:.0f} GFLOP")
+    print("| variant | forward (s) | backward (s) | AdamW step (s) | update (s) | x FLOP bound | x GEMM floor |")
+    print("|---|---|---|---|---|---|---|")
+    for name, s in summary.items():
+        print(
+            f"| {name} | {s['forward']:.2f} | {s['backward']:.2f} | {s['step']:.3f} | {s['total']:.2f} | "
+            f"{s['total'] / (flops / peak):.1f}x | {s['total'] / floor:.1f}x |"
+        )
+    print(
+        f"bf16 FLOP bound at {peak / 1e9:.0f} GFLOP/s: {flops / peak:.2f} s; the GEMMs alone at these shapes: "
+        f"{floor:.2f} s ({flops / floor / 1e9:.0f} GFLOP/s)"
+    )
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
