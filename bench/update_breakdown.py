@@ -153,8 +153,10 @@ def main() -> None:
     from rlhf_ops.config.schema import FSDPConfig, OptimConfig
     from rlhf_ops.models.resolve import resolve_model_path
     from workers.fsdp import build_device_mesh, build_fsdp_model, build_optimizer
+    from workers.fsdp.precision import flush_denormals
     from workers.utils.shared_prompt import forwarded_lengths
 
+    flush_denormals(torch.device("cpu"))  # as the workers do, before the OpenMP pool starts
     torch.set_num_threads(args.threads)
     model_dir = resolve_model_path(args.model)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

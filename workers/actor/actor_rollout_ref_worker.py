@@ -36,6 +36,7 @@ from workers.checkpointing import (
 from workers.fsdp.lora import adapters_disabled
 from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
+from workers.fsdp.precision import flush_denormals
 from workers.fsdp.wrap import build_fsdp_model
 from workers.rollout.base import RolloutEngine
 from workers.rollout.multi_turn import maybe_multi_turn
@@ -99,10 +100,11 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Builds the FSDP2 models (meta-device init, weights broadcast from rank 0), optimizer, engine."""
         spec = self.spec
+        self.device = get_device(spec.device)
+        flush_denormals(self.device)  # before the OpenMP pool starts: its threads inherit the flags
         # First: building a vLLM CPU engine replaces torch.set_num_threads with a no-op for the process.
         torch.set_num_threads(spec.num_threads)
         torch.manual_seed(spec.seed)
-        self.device = get_device(spec.device)
         self.monitor = StageMonitor(
             role="actor",
             rank=self.rank,

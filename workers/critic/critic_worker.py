@@ -17,6 +17,7 @@ from workers.checkpointing import fetch_role_dir, load_role_checkpoint, save_rol
 from workers.critic.dp_critic import DataParallelPPOCritic
 from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
+from workers.fsdp.precision import flush_denormals
 from workers.fsdp.wrap import build_fsdp_model
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
@@ -52,6 +53,7 @@ class CriticWorker(Worker):
         spec = self.spec
         torch.manual_seed(spec.seed)
         self.device = get_device(spec.device)
+        flush_denormals(self.device)
         self.monitor = StageMonitor(
             role="critic",
             rank=self.rank,

@@ -18,6 +18,7 @@ from rlhf_ops.config.schema import DType, FSDPConfig
 from rlhf_ops.padding import last_valid_index
 from rlhf_ops.protocol import DataProto
 from workers.fsdp.mesh import build_device_mesh, get_device
+from workers.fsdp.precision import flush_denormals
 from workers.fsdp.wrap import build_fsdp_model
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
@@ -81,6 +82,7 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.device = get_device(self.spec.device)
+        flush_denormals(self.device)
         assert self.spec.mesh.world_size == self.world_size, (self.spec.mesh, self.world_size)
         # 1-D ("fsdp",) or, with reward.fsdp.fsdp_size / hsdp_replicate_size, 2-D ("replicate", "shard").
         mesh = build_device_mesh(

@@ -26,6 +26,7 @@ from rlhf_ops.storage.manifest import apply_default_modes
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.sft import SFTExample, collate, encode_rows, epoch_steps, sft_loss, steps_per_epoch
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, clipped_optimizer_step
+from workers.fsdp.precision import flush_denormals
 
 log = logging.getLogger("workers.sft")
 SFT_INFO_FILE = "rlhf_sft.json"
@@ -122,6 +123,7 @@ def run_sft(cfg: SFTConfig, logger: MetricLogger) -> Path:
     out = Path(cfg.trainer.output_dir)
     if out.exists() and not cfg.trainer.overwrite:
         raise ValueError(f"trainer.output_dir: {out} exists; set trainer.overwrite=true or another folder")
+    flush_denormals(torch.device("cpu"))  # before the OpenMP pool starts (workers.fsdp.precision)
     torch.set_num_threads(cfg.trainer.num_threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.trainer.seed)
     path = resolve_model_path(cfg.model.path)

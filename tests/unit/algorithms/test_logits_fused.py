@@ -82,3 +82,24 @@ def test_bad_arguments_name_the_fix() -> None:
         logprobs_and_entropy(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
     lp, ent = logprobs_and_entropy(torch.zeros(0, 5), torch.zeros(0, dtype=torch.long))
     assert lp.shape == ent.shape == (0,)
+
+
+def test_a_tail_far_below_the_exponent_floor_changes_nothing() -> None:
+    """Logits spanning 300 nats (real LM heads put thousands of tokens > 87 nats below the top one): the floor
+    that keeps exp on its fast path leaves log-probs, entropy and gradients at fp64's values, including the
+    log-prob of a label 250 nats down."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.rand(6, 49152, generator=gen) * -300 + 20).requires_grad_(True)  # top ~20, tail to -280
+    labels = logits.detach().argmin(-1)  # each row's least likely token: log p ~ -300
+    labels[0] = logits.detach()[0].argmax()
+    w_lp, w_ent = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    lp, ent = logprobs_and_entropy(logits, labels)
+    ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
+    exact = logits.detach().double().requires_grad_(True)
+    ref_lp, ref_ent = _plain(exact, labels, 1.0)
+    ((ref_lp * w_lp.double()).sum() + (ref_ent * w_ent.double()).sum()).backward()
+    assert ref_lp[1:].max().item() < -250  # the labels really are in the floored tail
+    torch.testing.assert_close(lp.double(), ref_lp, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent, rtol=1e-6, atol=1e-6)
+    assert logits.grad is not None and exact.grad is not None
+    assert (logits.grad.double() - exact.grad).abs().max().item() <= 1e-6

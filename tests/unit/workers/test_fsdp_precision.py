@@ -191,3 +191,24 @@ def test_autocast_casts_kept_over_micro_batches_cast_once_with_the_same_gradient
     assert all(p.dtype == torch.float32 and isinstance(p, nn.Parameter) for p in model.parameters())  # restored
     assert torch.is_autocast_cache_enabled() and torch.autocast_increment_nesting() == 1  # nesting restored
     torch.autocast_decrement_nesting()
+
+
+def test_flush_denormals_reaches_the_openmp_threads_started_after_it() -> None:
+    """In a fresh process (the flags are per thread and would stay in this one): every element of a 2-thread
+    multiply whose exact result is denormal (1e-40) comes out 0, so both OpenMP threads flush."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from workers.fsdp.precision import flush_denormals\n"
+        "flushed = flush_denormals(torch.device('cpu'))\n"
+        "torch.set_num_threads(2)\n"
+        "y = torch.full((1 << 21,), 1e-30) * 1e-10\n"
+        "print(flushed, int((y != 0).sum()), flush_denormals(torch.device('meta')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["True", "0", "False"], out.stdout + out.stderr
+    unflushed = code.replace("flushed = flush_denormals(torch.device('cpu'))", "flushed = True")
+    out = subprocess.run([sys.executable, "-c", unflushed], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split()[1] == str(1 << 21)  # without it: all 2M products are denormal, none zero

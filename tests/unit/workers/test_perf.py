@@ -91,6 +91,12 @@ def test_stage_monitor_measures_the_stage_peak_and_traces_profiled_steps(tmp_pat
     metrics = monitor.pop_metrics()
     # The sampled RSS peak of "big" is at least 0.2 GiB above "small"'s (256 MiB were resident inside it).
     assert metrics["memory/actor/big/peak_rss_gb"] - metrics["memory/actor/small/peak_rss_gb"] > 0.2
+    # 256 MiB freshly mapped and touched: 65,536 pages of 4 KiB fault in (128 of 2 MiB with transparent huge
+    # pages always on); the empty stage faults in a few pages at most (the sampler thread's stack).
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    huge = thp.exists() and "[always]" in thp.read_text()
+    assert metrics["memory/actor/big/minor_faults"] >= (100 if huge else 60_000)
+    assert metrics["memory/actor/small/minor_faults"] < 100
     assert monitor.pop_metrics() == {}
     trace = trace_path(tmp_path, step=3, role="actor", stage="big", rank=1)
     events = json.loads(trace.read_text())["traceEvents"]
