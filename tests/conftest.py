@@ -49,6 +49,14 @@ def ray_cluster() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def ray_address(ray_cluster: None) -> str:
+    """The session cluster's GCS address, for runs that attach to it (``rlhf train --ray-address``)."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The built-in tiny Llama, built once per session."""
     from rlhf_ops.models.tiny import build_tiny_model_dir

@@ -116,9 +116,12 @@ class _FusedLogProbEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def _shifted_chunk(logits: Tensor, start: int, end: int, temperature: float, row_max: Tensor) -> Tensor:
+    def _shifted_chunk(
+        logits: Tensor, start: int, end: int, temperature: float, row_max: Tensor, *, clamp: bool = True
+    ) -> Tensor:
         z = logits[start:end].float() / temperature  # (c, V) fp32, a fresh buffer: safe to modify in place
-        return z.sub_(row_max[start:end].unsqueeze(-1)).clamp_(min=-1e30)
+        z.sub_(row_max[start:end].unsqueeze(-1))
+        return z.clamp_(min=-1e30) if clamp else z  # -inf -> -1e30 (the backward floors at EXP_FLOOR instead)
 
     @staticmethod
     def forward(
@@ -153,7 +156,7 @@ class _FusedLogProbEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], chunk_size):
             end = min(start + chunk_size, logits.shape[0])
-            log_p = _FusedLogProbEntropy._shifted_chunk(logits, start, end, temperature, row_max)
+            log_p = _FusedLogProbEntropy._shifted_chunk(logits, start, end, temperature, row_max, clamp=False)
             log_p.sub_(lse[start:end].unsqueeze(-1)).clamp_(min=EXP_FLOOR)  # (c, V) log p, floored as in forward
             probs = torch.exp(log_p)
             g = torch.zeros_like(log_p)

@@ -32,13 +32,6 @@ OVERRIDES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_address(ray_cluster: None) -> str:
-    import ray
-
-    return str(ray.get_runtime_context().gcs_address)
-
-
 @pytest.mark.slow  # two AsyncLLM engine cores start (spawned, vLLM imported again) next to the trainer ranks
 def test_two_async_rollout_steps_train_with_finite_metrics(
     tmp_path: Path, tiny_model_dir: str, ray_address: str

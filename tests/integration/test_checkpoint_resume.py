@@ -50,13 +50,6 @@ REMOTE = f"trainer.remote_store_url=s3://{BUCKET}/runs"
 
 
 @pytest.fixture(scope="module")
-def ray_address(ray_cluster: None) -> str:
-    import ray
-
-    return str(ray.get_runtime_context().gcs_address)
-
-
-@pytest.fixture(scope="module")
 def preset(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> str:
     """``tiny-cpu`` with ``COMMON``, resolved once and written to a YAML file the runs load."""
     path = tmp_path_factory.mktemp("preset") / "resume.yaml"

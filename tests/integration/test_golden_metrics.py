@@ -106,13 +106,6 @@ def _compare(case: str, got: list[dict[str, float]], want: list[dict[str, float]
     return worst, identical, total
 
 
-@pytest.fixture(scope="module")
-def ray_address(ray_cluster: None) -> str:
-    import ray
-
-    return str(ray.get_runtime_context().gcs_address)
-
-
 @pytest.mark.parametrize(
     "case", ["hf", pytest.param("vllm", marks=pytest.mark.slow), pytest.param("gae", marks=pytest.mark.slow)]
 )

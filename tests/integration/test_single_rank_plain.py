@@ -18,13 +18,6 @@ PLAIN = ["actor.fsdp.single_rank_plain=true", "ref.fsdp.single_rank_plain=true"]
 
 
 @pytest.fixture(scope="module")
-def ray_address(ray_cluster: None) -> str:
-    import ray
-
-    return str(ray.get_runtime_context().gcs_address)
-
-
-@pytest.fixture(scope="module")
 def preset(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> str:
     path = tmp_path_factory.mktemp("preset") / "plain.yaml"
     path.write_text(dump_config(load_config("tiny-cpu", [f"model.path={tiny_model_dir}", *COMMON, *ONE_RANK])))
