@@ -1,6 +1,6 @@
 """One Airflow DAG per YAML spec in ``dags/specs/``: adding a weekly RLHF run is adding a file.
 
-Parsing reads the YAML files only (``rlhf_pipeline.specs``); see that module for the spec's keys and
+Parsing reads the YAML files only (``rlhf_airflow.pipeline.specs``); see that module for the spec's keys and
 ``dags/specs/tiny_cpu_weekly.yaml`` for an example that runs on a laptop.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow.sdk import DAG
-from rlhf_pipeline.specs import load_spec_dags
+
+from rlhf_airflow.pipeline.specs import load_spec_dags
 
 SPEC_DIR = Path(__file__).parent / "specs"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, task
-from rlhf_pipeline.assets import pipeline_asset
+
+from rlhf_airflow.pipeline.assets import pipeline_asset
 
 with DAG(
     "rlhf_champion_report",

@@ -2,7 +2,7 @@
 
 :class:`PipelineParams` is the one source of the form: its fields, in form order, carry the form's names,
 types, defaults, descriptions, constraints and sections, and :func:`form_param_specs` turns them into the
-JSON-Schema keywords of the DAG's ``Param``s (``dags/rlhf_pipeline/params.py`` only wraps them). So the
+JSON-Schema keywords of the DAG's ``Param``s (``plugins/rlhf_airflow/pipeline/params.py`` only wraps them). So the
 form and the typed view the library works with (a second check for runs created by code) refuse the same
 values. Importable without torch: the DAG files import it at parse time.
 The resolved config is, in order of precedence (later wins)::

@@ -2,7 +2,7 @@
 
 A real Airflow (SQLite DB, ``dag.test()``) runs a two-task DAG: ``start_tracking`` opens a real MLflow run and
 pushes its id and URL as the pipeline's task does; ``train`` fails with a two-line error. The factory's
-``on_failure_callback`` (:func:`rlhf_pipeline.callbacks.on_task_failure`) must tag the run with the task, the
+``on_failure_callback`` (:func:`rlhf_airflow.pipeline.callbacks.on_task_failure`) must tag the run with the task, the
 first line of the error and the links, and write the summary to the DAG run's note through the REST API of a
 real ``airflow api-server`` on the same metadata DB (the ``airflow_api`` connection: its URL and a user's
 login / password).
@@ -37,7 +37,7 @@ DAG_FILE = """
 import pendulum
 from functools import partial
 from airflow.sdk import DAG, task
-from rlhf_pipeline.callbacks import on_task_failure
+from rlhf_airflow.pipeline.callbacks import on_task_failure
 
 with DAG("failing_pipeline", schedule=None, start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=False,
          default_args={"retries": 0, "on_failure_callback": partial(on_task_failure, mlflow_conn_id="mlflow_default")},
@@ -109,7 +109,7 @@ def test_failed_task_tags_the_mlflow_run_and_notes_the_dag_run(tracking_uri: str
         {"conn_type": "http", "host": api_server.base_url, "login": USERNAME, "password": api_server.password}
     )
     dags = configure_airflow_env() / "dags"
-    shutil.copytree(ROOT / "dags" / "rlhf_pipeline", dags / "rlhf_pipeline", dirs_exist_ok=True)
+    shutil.copytree(ROOT / "dags" / "rlhf_airflow.pipeline", dags / "rlhf_airflow.pipeline", dirs_exist_ok=True)
     (dags / "failing_pipeline.py").write_text(DAG_FILE)
     os.environ["TEST_MLFLOW_URI"] = tracking_uri
     os.environ["AIRFLOW_CONN_MLFLOW_DEFAULT"] = json.dumps({"conn_type": "http", "host": tracking_uri})

@@ -84,7 +84,7 @@ def test_a_spec_declares_its_allowed_overrides_and_the_dag_passes_them_to_prefli
     dags_dir = str(Path(__file__).resolve().parents[2] / "dags")
     if dags_dir not in sys.path:
         sys.path.append(dags_dir)  # as Airflow does when it parses the DAGs folder
-    from rlhf_pipeline.specs import load_spec_dags
+    from rlhf_airflow.pipeline.specs import load_spec_dags
 
     (tmp_path / "lora.yaml").write_text(
         "schedule: null\npreset: tiny-cpu\noverrides: [trainer.total_training_steps=2]\n"

@@ -1,6 +1,6 @@
 """Airflow reads its home and DB settings at import: configure a throw-away home before any test imports it.
 
-The DAG files import ``rlhf_pipeline`` from the DAGs folder, which Airflow puts on ``sys.path`` when it parses
+The DAG files import ``rlhf_airflow.pipeline`` from the DAGs folder, which Airflow puts on ``sys.path`` when it parses
 the folder; the tests that import it directly get the same path here.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_pipeline.callbacks import failure_summary, first_error_line
+from rlhf_airflow.pipeline.callbacks import failure_summary, first_error_line
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Conn:
 
 
 def test_api_base_url_of_the_airflow_api_connection() -> None:
-    from rlhf_pipeline.callbacks import api_base_url
+    from rlhf_airflow.pipeline.callbacks import api_base_url
 
     assert api_base_url(Conn("http://127.0.0.1:28780/")) == "http://127.0.0.1:28780"
     assert api_base_url(Conn("airflow-api", port=8080)) == "http://airflow-api:8080"
@@ -62,7 +62,7 @@ def test_api_base_url_of_the_airflow_api_connection() -> None:
 
 
 def test_no_api_connection_writes_no_note() -> None:
-    from rlhf_pipeline.callbacks import write_run_note
+    from rlhf_airflow.pipeline.callbacks import write_run_note
 
     assert write_run_note("rlhf_ppo", "manual__1", "summary", api_conn_id="not_defined_here") is False
     assert write_run_note("rlhf_ppo", "manual__1", "summary", api_conn_id=None) is False

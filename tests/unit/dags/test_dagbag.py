@@ -124,15 +124,15 @@ def test_parsing_imports_no_heavy_library() -> None:
 )
 def test_params_schema_refuses_a_bad_value(name: str, value: Any) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
-    from rlhf_pipeline.params import pipeline_params
+
+    from rlhf_airflow.pipeline.params import pipeline_params
 
     with pytest.raises(ParamValidationError):
         pipeline_params()[name].resolve(value)
 
 
 def test_params_schema_accepts_a_good_form() -> None:
-    from rlhf_pipeline.params import pipeline_params
-
+    from rlhf_airflow.pipeline.params import pipeline_params
     from rlhf_ops.pipeline.params import parse_params
 
     values = {

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 _CODE = """
 import json, sys, types
 from airflow.sdk.exceptions import AirflowSkipException
-from rlhf_pipeline.factory import build_pipeline_dag
+from rlhf_airflow.pipeline.factory import build_pipeline_dag
 from rlhf_airflow.task_jobs import RayTaskJobOperator
 from rlhf_ops.pipeline.job_results import job_entrypoint
 from rlhf_ops.pipeline.layout import RunLayout

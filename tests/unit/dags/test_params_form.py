@@ -197,7 +197,7 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
 
 
 def test_the_generated_form_is_the_form_users_had() -> None:
-    from rlhf_pipeline.params import PARAM_SPECS
+    from rlhf_airflow.pipeline.params import PARAM_SPECS
 
     assert list(PARAM_SPECS) == list(EXPECTED)  # same names, same order (the UI renders them in order)
     for name, spec in EXPECTED.items():
@@ -206,7 +206,8 @@ def test_the_generated_form_is_the_form_users_had() -> None:
 
 def test_every_param_is_the_same_airflow_param() -> None:
     from airflow.sdk import Param
-    from rlhf_pipeline.params import pipeline_params
+
+    from rlhf_airflow.pipeline.params import pipeline_params
 
     params = pipeline_params()
     for name, (default, section, description, extra) in EXPECTED.items():
@@ -273,7 +274,8 @@ CASES = [
 @pytest.mark.parametrize(("name", "value"), CASES)
 def test_the_form_and_the_library_agree_on_a_value(name: str, value: Any) -> None:
     from airflow.sdk.definitions.param import ParamValidationError
-    from rlhf_pipeline.params import pipeline_params
+
+    from rlhf_airflow.pipeline.params import pipeline_params
 
     try:
         pipeline_params()[name].resolve(value)

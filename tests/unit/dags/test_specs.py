@@ -8,7 +8,7 @@ import pytest
 
 
 def test_spec_maps_data_keys_and_connections() -> None:
-    from rlhf_pipeline.specs import spec_to_kwargs
+    from rlhf_airflow.pipeline.specs import spec_to_kwargs
 
     spec = {
         "schedule": "@daily",
@@ -45,14 +45,14 @@ def test_spec_maps_data_keys_and_connections() -> None:
     ],
 )
 def test_bad_spec_names_the_problem(spec: object, message: str) -> None:
-    from rlhf_pipeline.specs import SpecError, spec_to_kwargs
+    from rlhf_airflow.pipeline.specs import SpecError, spec_to_kwargs
 
     with pytest.raises(SpecError, match=message):
         spec_to_kwargs(spec, source=Path("specs/x.yaml"))
 
 
 def test_a_bad_spec_is_skipped_with_a_warning(tmp_path: Path) -> None:
-    from rlhf_pipeline.specs import load_spec_dags
+    from rlhf_airflow.pipeline.specs import load_spec_dags
 
     (tmp_path / "good.yaml").write_text("schedule: '@weekly'\npreset: tiny-cpu\n")
     (tmp_path / "bad.yaml").write_text("schedule: '@weekly'\nparams: {not_a_param: 1}\n")
@@ -62,9 +62,8 @@ def test_a_bad_spec_is_skipped_with_a_warning(tmp_path: Path) -> None:
 
 
 def test_spec_pool_and_max_active_runs_reach_the_dag() -> None:
-    from rlhf_pipeline.factory import build_pipeline_dag
-    from rlhf_pipeline.specs import spec_to_kwargs
-
+    from rlhf_airflow.pipeline.factory import build_pipeline_dag
+    from rlhf_airflow.pipeline.specs import spec_to_kwargs
     from rlhf_airflow.pools import ClusterPool
 
     spec = {
@@ -81,8 +80,8 @@ def test_spec_pool_and_max_active_runs_reach_the_dag() -> None:
 
 
 def test_spec_without_pool_gets_the_default_cluster_pool() -> None:
-    from rlhf_pipeline.factory import build_pipeline_dag
-    from rlhf_pipeline.specs import spec_to_kwargs
+    from rlhf_airflow.pipeline.factory import build_pipeline_dag
+    from rlhf_airflow.pipeline.specs import spec_to_kwargs
 
     dag = build_pipeline_dag(**spec_to_kwargs({"schedule": None}, source=Path("specs/plain.yaml")))
     assert dag.max_active_runs == 1
@@ -103,15 +102,15 @@ def test_spec_without_pool_gets_the_default_cluster_pool() -> None:
     ],
 )
 def test_bad_pool_or_max_active_runs_names_the_problem(spec: object, message: str) -> None:
-    from rlhf_pipeline.specs import SpecError, spec_to_kwargs
+    from rlhf_airflow.pipeline.specs import SpecError, spec_to_kwargs
 
     with pytest.raises(SpecError, match=message):
         spec_to_kwargs(spec, source=Path("specs/x.yaml"))
 
 
 def test_approval_off_by_default_leaves_no_gate_and_register_moves_the_alias() -> None:
-    from rlhf_pipeline.factory import build_pipeline_dag
-    from rlhf_pipeline.specs import spec_to_kwargs
+    from rlhf_airflow.pipeline.factory import build_pipeline_dag
+    from rlhf_airflow.pipeline.specs import spec_to_kwargs
 
     dag = build_pipeline_dag(**spec_to_kwargs({"schedule": None}, source=Path("specs/plain.yaml")))
     assert "approve_champion" not in dag.task_ids
@@ -123,8 +122,9 @@ def test_approval_on_puts_the_gate_between_register_and_the_alias_move() -> None
     from datetime import timedelta
 
     from airflow.providers.standard.operators.hitl import ApprovalOperator
-    from rlhf_pipeline.factory import build_pipeline_dag
-    from rlhf_pipeline.specs import spec_to_kwargs
+
+    from rlhf_airflow.pipeline.factory import build_pipeline_dag
+    from rlhf_airflow.pipeline.specs import spec_to_kwargs
 
     spec = {"schedule": None, "approval": {"enabled": True, "timeout_hours": 24, "assigned_users": ["alice"]}}
     dag = build_pipeline_dag(**spec_to_kwargs(spec, source=Path("specs/gated.yaml")))
@@ -150,7 +150,7 @@ def test_approval_on_puts_the_gate_between_register_and_the_alias_move() -> None
     ],
 )
 def test_bad_approval_names_the_problem(approval: object, message: str) -> None:
-    from rlhf_pipeline.specs import SpecError, spec_to_kwargs
+    from rlhf_airflow.pipeline.specs import SpecError, spec_to_kwargs
 
     with pytest.raises(SpecError, match=message):
         spec_to_kwargs({"schedule": None, "approval": approval}, source=Path("specs/x.yaml"))

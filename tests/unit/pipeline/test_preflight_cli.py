@@ -90,7 +90,7 @@ configure_airflow_env()
 sys.path.append({str(ROOT / "dags")!r})
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
 from airflow.sdk.exceptions import AirflowFailException
-from rlhf_pipeline import tasks
+from rlhf_airflow.pipeline import tasks
 try:  # fetch_champion was skipped (warm_start scratch): its XCom is None
     tasks.preflight(json.loads({json.dumps(prepared)!r}), None, conns={{"s3_conn_id": None, "mlflow_conn_id": None}},
                     ray_conn_id="ray_default", params=json.loads({json.dumps(params)!r}),

@@ -11,7 +11,7 @@
 heavy ones through ``rlhf_airflow.task_jobs.RayTaskJobOperator``): nothing in an Airflow process loads torch, a
 tokenizer or a model, or writes into the work folder. ``train`` and each ``evaluate_checkpoint`` take slots
 of the cluster pool (``rlhf_airflow.pools``); with a spec's ``approval`` on, ``approve_champion`` (human in the
-loop) sits between ``register_model`` and ``promote_champion`` (``rlhf_pipeline.approval``).
+loop) sits between ``register_model`` and ``promote_champion`` (``rlhf_airflow.pipeline.approval``).
 
 ``evaluate`` is a task group mapped over the global steps at which ``preflight`` says the trainer will commit
 a checkpoint (``save_freq`` and the last step). Each map index waits for its checkpoint with a sensor in
@@ -30,13 +30,13 @@ import pendulum
 from airflow.sdk import DAG, task, task_group
 
 from rlhf_airflow.operators import RayJobOperator
+from rlhf_airflow.pipeline import tasks
+from rlhf_airflow.pipeline.approval import ApprovalSpec, approval_spec, approval_task
+from rlhf_airflow.pipeline.assets import pipeline_asset
+from rlhf_airflow.pipeline.callbacks import on_task_failure
+from rlhf_airflow.pipeline.params import pipeline_params
 from rlhf_airflow.pools import ClusterPool, cluster_pool
 from rlhf_airflow.task_jobs import RayTaskJobOperator
-from rlhf_pipeline import tasks
-from rlhf_pipeline.approval import ApprovalSpec, approval_spec, approval_task
-from rlhf_pipeline.assets import pipeline_asset
-from rlhf_pipeline.callbacks import on_task_failure
-from rlhf_pipeline.params import pipeline_params
 
 START_DATE = pendulum.datetime(2025, 1, 1, tz="UTC")
 DEFAULT_ARGS = {"owner": "rlhf-platform", "retries": 2, "retry_delay": pendulum.duration(seconds=30)}
@@ -76,7 +76,7 @@ def build_pipeline_dag(
         mlflow_conn_id: ``http`` connection of the MLflow server (None: ``$MLFLOW_TRACKING_URI``).
         s3_conn_id: ``aws`` connection with the remote store's credentials (None: the workers' environment).
         api_conn_id: ``http`` connection of Airflow's own REST API (URL, user, password) the failure callback writes
-            the DAG run's note with (not defined, or None: no note; ``rlhf_pipeline.callbacks``).
+            the DAG run's note with (not defined, or None: no note; ``rlhf_airflow.pipeline.callbacks``).
         checkpoint_poke_s: Seconds between two checks for a new checkpoint.
         checkpoint_timeout_s: A checkpoint not committed within this time fails its evaluation.
         train_timeout_s: Seconds after which the Ray job is stopped and ``train`` fails (None: no limit).
@@ -86,7 +86,7 @@ def build_pipeline_dag(
         pool: The Airflow pool of the cluster's capacity that ``train`` and each evaluation take slots of (a
             spec's ``pool`` mapping; None: ``rlhf_cluster``, see ``rlhf_airflow.pools``).
         approval: The optional human approval before the champion alias moves (a spec's ``approval`` mapping;
-            None or ``enabled: false``: no gate, see ``rlhf_pipeline.approval``).
+            None or ``enabled: false``: no gate, see ``rlhf_airflow.pipeline.approval``).
     """
     if not isinstance(max_active_runs, int) or isinstance(max_active_runs, bool) or max_active_runs < 1:
         raise ValueError(f"max_active_runs must be a positive integer, got {max_active_runs!r}")

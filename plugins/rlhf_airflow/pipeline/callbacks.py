@@ -74,9 +74,9 @@ def _tag_mlflow(context: Mapping[str, Any], summary: Mapping[str, str], *, mlflo
     run_id = _pull(context["ti"], "start_tracking", "mlflow_run_id")
     if not run_id:
         return False
+    from rlhf_airflow.pipeline.tasks import connection_env
     from rlhf_ops.pipeline.layout import patched_environ
     from rlhf_ops.tracking.mlflow_tracking import set_run_tags
-    from rlhf_pipeline.tasks import connection_env
 
     with patched_environ(connection_env(s3_conn_id=None, mlflow_conn_id=mlflow_conn_id)):
         set_run_tags(

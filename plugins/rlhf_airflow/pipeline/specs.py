@@ -18,7 +18,7 @@ A spec (every key but ``schedule`` is optional)::
     connections: {ray: ray_default, mlflow: mlflow_default, s3: null, api: airflow_api}
     max_active_runs: 1                  # concurrent runs of this DAG
     pool: {name: rlhf_cluster, slots: 4, train_slots: 1, eval_slots: 1}   # rlhf_airflow.pools
-    approval: {enabled: false, timeout_hours: 72, assigned_users: []}    # rlhf_pipeline.approval
+    approval: {enabled: false, timeout_hours: 72, assigned_users: []}    # rlhf_airflow.pipeline.approval
 
 Parsing reads YAML only. A spec with a mistake is skipped with a warning (shown by Airflow as a DAG
 warning) and does not take the other specs down.
@@ -33,9 +33,9 @@ from typing import Any
 
 from airflow.sdk import DAG, yaml
 
+from rlhf_airflow.pipeline.approval import approval_spec
+from rlhf_airflow.pipeline.factory import build_pipeline_dag
 from rlhf_airflow.pools import cluster_pool
-from rlhf_pipeline.approval import approval_spec
-from rlhf_pipeline.factory import build_pipeline_dag
 
 SPEC_KEYS = frozenset(
     {

@@ -28,7 +28,7 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
-from rlhf_pipeline.assets import set_event_extra
+from rlhf_airflow.pipeline.assets import set_event_extra
 
 log = logging.getLogger(__name__)
 
