@@ -16,6 +16,7 @@ from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
 from workers.critic.critic_worker import CriticWorker
 from workers.reward_model.reward_model_worker import RewardModelWorker
+from workers.single_controller.futures import WorkerGroupError
 from workers.single_controller.worker_group import RayWorkerGroup
 
 
@@ -25,16 +26,22 @@ def _metrics(out: DataProto) -> dict[str, float]:
     return reduce_worker_metrics(per_rank)
 
 
+class RolloutHangError(RuntimeError):
+    """A call of the rollout workers returned nothing within ``trainer.rollout_watchdog_s``; names the ranks."""
+
+
 class ActorRolloutRefClient:
     """:class:`~rlhf_ops.trainer.roles.ActorRolloutRef` over an ``ActorRolloutRefWorker`` group."""
 
-    def __init__(self, group: RayWorkerGroup[ActorRolloutRefWorker]) -> None:
+    def __init__(self, group: RayWorkerGroup[ActorRolloutRefWorker], *, watchdog_s: float | None = None) -> None:
         self.group = group
+        # trainer.rollout_watchdog_s: bound on each call of a step (rollout, log-probs, update); None: no bound.
+        self.watchdog_s = watchdog_s
 
     def generate_sequences(
         self, prompts: DataProto, sampling: SamplingParams | None = None, *, step: int | None = None
     ) -> DataProto:
-        out: DataProto = self.group.call(ActorRolloutRefWorker.generate_sequences, prompts, sampling, step=step)
+        out: DataProto = self._watched(ActorRolloutRefWorker.generate_sequences, prompts, sampling, step=step)
         timing = out.meta_info.get("timing") or {}
         # concat keeps the first chunk's timing: rank 0's, representative of the (balanced) ranks.
         out.meta_info["timing"] = {k: float(v) for k, v in timing.items()}
@@ -52,22 +59,45 @@ class ActorRolloutRefClient:
 
     def collect_sequences(self, prompts: DataProto) -> DataProto:
         """The rollout :meth:`submit_sequences` started for the same ``prompts``."""
-        out: DataProto = self.group.call(AsyncActorRolloutRefWorker.collect_sequences.__name__, prompts)
+        out: DataProto = self._watched(AsyncActorRolloutRefWorker.collect_sequences.__name__, prompts)
         out.meta_info["timing"] = {k: float(v) for k, v in (out.meta_info.get("timing") or {}).items()}
         return out
 
+    def _watched(self, method: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """``group.call`` bounded by ``watchdog_s``: a call that outlives it fails naming the ranks that returned
+        nothing (a hung engine, a stopped process) instead of waiting for the scheduler's timeout.
+
+        The group is shut down by then (its collectives are in an unknown state); the run fails and its retry
+        resumes from the last checkpoint.
+        """
+        future = self.group.call_async(method, *args, **kwargs)
+        try:
+            return future.result(timeout_s=self.watchdog_s)
+        except WorkerGroupError as err:
+            stuck = str(getattr(err.cause, "args", [""])[0]) if err.rank is None and self.watchdog_s else ""
+            if not stuck.startswith("ranks "):
+                raise
+            step = kwargs.get("step")
+            at = f" at step {step}" if step is not None else ""
+            raise RolloutHangError(
+                f"rollout watchdog: {stuck.removesuffix(' still running')} of {err.role} returned nothing from "
+                f"{future.method}(){at} within trainer.rollout_watchdog_s={self.watchdog_s:g} s (a hung engine or "
+                "a stopped process); the worker group was shut down. Fix: look for that rank's process on its node, "
+                "or raise trainer.rollout_watchdog_s if a call of these workers legitimately takes this long"
+            ) from err
+
     def compute_ref_log_prob(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> DataProto:
         call = ActorRolloutRefWorker.compute_ref_log_prob
-        result: DataProto = self.group.call(call, data, temperature=temperature, step=step)
+        result: DataProto = self._watched(call, data, temperature=temperature, step=step)
         return result
 
     def compute_log_prob(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> DataProto:
         call = ActorRolloutRefWorker.compute_log_prob
-        result: DataProto = self.group.call(call, data, temperature=temperature, step=step)
+        result: DataProto = self._watched(call, data, temperature=temperature, step=step)
         return result
 
     def update_actor(self, data: DataProto, *, temperature: float = 1.0, step: int | None = None) -> dict[str, float]:
-        return _metrics(self.group.call(ActorRolloutRefWorker.update_actor, data, temperature=temperature, step=step))
+        return _metrics(self._watched(ActorRolloutRefWorker.update_actor, data, temperature=temperature, step=step))
 
     def save_checkpoint(self, path: str) -> None:
         self.group.call(ActorRolloutRefWorker.save_checkpoint, path)

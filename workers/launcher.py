@@ -169,7 +169,7 @@ def launch_role_groups(
     arr = groups.get("actor_rollout_ref", groups.get("actor_rollout"))
     assert arr is not None
     return RoleGroups(
-        actor_rollout_ref=ActorRolloutRefClient(arr),
+        actor_rollout_ref=ActorRolloutRefClient(arr, watchdog_s=config.trainer.rollout_watchdog_s),
         critic=CriticClient(groups["critic"]) if "critic" in groups else None,
         reward_model=RewardModelClient(groups["reward_model"]) if "reward_model" in groups else None,
         pool=pool,

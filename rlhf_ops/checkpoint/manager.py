@@ -75,6 +75,9 @@ class CheckpointManager:
         node_run_dir: No shared filesystem: the run folder on each rank's node (``{rank}`` becomes the rank);
             saves go from the ranks to ``remote_url`` (required) and nothing is written into ``run_dir`` but
             resumed checkpoints.
+        store_retries: Retries of a failed store transfer (``trainer.store_retries``); after them the next
+            save (or ``finish``) fails naming the store, and the failed checkpoint never gets a remote manifest.
+        store_backoff_s: Base of the backoff between those retries.
     """
 
     def __init__(
@@ -89,6 +92,8 @@ class CheckpointManager:
         on_commit: Callable[[int, str], None] | None = None,
         hf_base_model_path: str | None = None,
         node_run_dir: str | None = None,
+        store_retries: int = 5,
+        store_backoff_s: float = 0.5,
     ) -> None:
         if node_run_dir is not None and (not remote_url or hf_base_model_path is not None):
             raise ValueError(
@@ -111,6 +116,8 @@ class CheckpointManager:
                 keep_last=keep_last or None,
                 protect=lambda: [s for s in [self.best_step] if s is not None],
                 storage_options=storage_options,
+                retries=store_retries,
+                backoff_s=store_backoff_s,
             )
 
     def step_dir(self, step: int) -> Path:
@@ -119,6 +126,8 @@ class CheckpointManager:
     # ---- save ---------------------------------------------------------------------------------
     def save(self, trainer: _Trainer) -> Path | str:
         """Commits a checkpoint of every role and ``trainer``; its local folder, or its URL without a shared root."""
+        if self._syncer is not None:  # an upload that failed after its retries ends the run now, naming the store
+            self._syncer.raise_errors()
         state = trainer.state_dict()
         step = int(state["global_step"])
         if self.node_run_dir is not None:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from rlhf_ops.config.faults import FaultToleranceKeys
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
 from rlhf_ops.config.section import (
@@ -408,8 +409,8 @@ class ResourcesConfig(Section):
         return max(1, int(self.num_cpus_per_worker))
 
 
-class TrainerConfig(Section):
-    """The controller loop, checkpoints and resume."""
+class TrainerConfig(FaultToleranceKeys):
+    """The controller loop, checkpoints and resume (fault-tolerance keys: rlhf_ops.config.faults)."""
 
     experiment_name: PathComponent = Field(
         "rlhf", description="Folder under checkpoint_root (and the remote store): one path component."
@@ -444,9 +445,7 @@ class TrainerConfig(Section):
     keep_last: int = Field(0, ge=0, description="Keep the last K checkpoints (0 keeps all).")
     resume_mode: str = Field("auto", description="'auto', 'disable', or a checkpoint path/URL.")
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
-    balance_batch: bool = Field(
-        True, description="Reorder each step's sequences so data-parallel ranks get equal token counts."
-    )
+    balance_batch: bool = Field(True, description="Reorder each step's sequences so ranks get equal token counts.")
     seed: int = 1
     pipeline: Pipeline = Field(
         "sync",

@@ -136,6 +136,10 @@ class BackgroundSyncer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def raise_errors(self) -> None:
+        """Raise the errors of the syncs failed so far (as ``flush`` does) without waiting for running ones."""
+        self._raise_errors()
+
     def _raise_errors(self) -> None:
         with self._cond:
             errors, self._errors = self._errors, []

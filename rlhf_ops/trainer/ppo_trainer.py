@@ -6,6 +6,7 @@ Notation: B = sequences of a step (prompts x n), R = response length.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,8 @@ from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
+from rlhf_ops.trainer.faults import NothingLeftToTrain, Preempted, PreemptionNotice, SaveSchedule
+from rlhf_ops.trainer.faults import warn_if_grace_too_short as _warn_if_grace_too_short
 from rlhf_ops.trainer.generation import MEDIA_KEYS, gen_keys, merge_generation
 from rlhf_ops.trainer.metrics import (
     compute_data_metrics,
@@ -37,6 +40,8 @@ from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -115,11 +120,13 @@ class PPOTrainer:
         tokenizer: Tokenizer,
         checkpointer: Checkpointer | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        preemption: PreemptionNotice | None = None,
     ) -> None:
         self.config, self.plan = config, plan
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
         self.train_loader, self.val_loader = train_loader, val_loader
         self.logger, self.tokenizer, self.checkpointer = logger, tokenizer, checkpointer
+        self.preemption = preemption  # SIGTERM: checkpoint at the end of the step, then stop (rlhf_ops.trainer.faults)
         # Every id that ends a response (rlhf_ops.models.generation.eos_token_ids); default: the tokenizer's.
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
@@ -348,15 +355,31 @@ class PPOTrainer:
         )
 
     def fit(self) -> TrainerState:
-        """Runs from the current state (0, or a resumed step) to ``total_steps``."""
+        """Runs from the current state (0, or a resumed step) to ``total_steps``.
+
+        Raises:
+            NothingLeftToTrain: the resumed checkpoint already completed every step.
+            Preempted: a preemption notice stopped the run (after a checkpoint of its last step).
+        """
         cfg = self.config.trainer
+        schedule = SaveSchedule(save_freq=cfg.save_freq, save_every_s=cfg.save_every_s)
         if self.checkpointer is not None:
-            self.checkpointer.maybe_resume(self)
+            resumed = self.checkpointer.maybe_resume(self)
+            schedule.saved_step = resumed
+            if resumed is not None and resumed >= self.total_steps:
+                raise NothingLeftToTrain(
+                    f"nothing left to train: the checkpoint at step {resumed} already completed all "
+                    f"{self.total_steps} steps of this run; raise trainer.total_epochs or "
+                    "trainer.total_training_steps to train on, or set trainer.resume_mode=disable to start over"
+                )
         if cfg.val_before_train and self.state.global_step == 0:
             self.logger.log_metrics(self.validate(), step=0)
         bar = tqdm(total=self.total_steps, initial=self.state.global_step, desc="rlhf", dynamic_ncols=True)
+        warned = False
         while self.state.global_step < self.total_steps:
+            self._stop_if_preempted(schedule)
             step = self.state.global_step + 1
+            started = time.monotonic()
             # Rollout sampling and the actor's mini-batch shuffle are seeded from the step, not from how
             # many calls a worker has seen: a resumed run redoes exactly the uninterrupted run's steps
             # (the loader's position, the KL controller and the driver's torch RNG come from state_dict).
@@ -376,13 +399,45 @@ class PPOTrainer:
                 log_profile_traces(self.logger, os.path.abspath(cfg.profile_dir), step=step)
             bar.set_postfix(reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
             bar.update(1)
-            is_last = step == self.total_steps
-            if self.checkpointer is not None and ((cfg.save_freq and step % cfg.save_freq == 0) or is_last):
-                self.checkpointer.save(self)
+            step_s = time.monotonic() - started
+            reason = schedule.due(step, is_last=step == self.total_steps) if self.checkpointer is not None else None
+            if reason is not None:
+                self._save(schedule, step, reason=reason)
+                if not warned and schedule.last_save_s is not None:
+                    grace = cfg.preemption_grace_s
+                    warned = _warn_if_grace_too_short(grace, save_s=schedule.last_save_s, step_s=step_s)
         bar.close()
         if self.checkpointer is not None:
             self.checkpointer.finish()
         return self.state
+
+    def _save(self, schedule: SaveSchedule, step: int, *, reason: str) -> None:
+        assert self.checkpointer is not None
+        if reason == "save_every_s":
+            log.info("time-based checkpoint of step %d (trainer.save_every_s=%g)", step, schedule.save_every_s)
+        started = time.monotonic()
+        self.checkpointer.save(self)
+        schedule.saved(step, started=started)
+        if self.preemption is not None:
+            self.preemption.committed_step = step
+
+    def _stop_if_preempted(self, schedule: SaveSchedule) -> None:
+        """At a safe point (between steps): after a preemption notice, checkpoint the last step (unless it is
+        saved already), wait for its upload, and raise :class:`Preempted`."""
+        if self.preemption is None or not self.preemption.received:
+            return
+        step = self.state.global_step
+        if self.checkpointer is not None:
+            if step > 0 and schedule.saved_step != step:
+                self._save(schedule, step, reason="preemption")
+            self.checkpointer.finish()  # the node may be gone soon: the remote copy must be complete first
+        committed = schedule.saved_step
+        raise Preempted(
+            f"preempted at step {step} of {self.total_steps}: checkpoint of step {committed} committed "
+            f"{self.preemption.elapsed_s():.1f} s after the notice (grace {self.preemption.grace_s:g} s); "
+            "resubmit the same command to resume",
+            committed_step=committed,
+        )
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -122,10 +122,13 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     from rlhf_ops.models.generation import eos_token_ids
     from rlhf_ops.models.resolve import resolve_model_path
     from rlhf_ops.rewards import build_reward_fn
+    from rlhf_ops.trainer.faults import PreemptionNotice
     from rlhf_ops.trainer.ppo_trainer import PPOTrainer
     from rlhf_ops.trainer.reward import RewardStage
     from workers.launcher import launch_role_groups
 
+    # From here a SIGTERM is a preemption notice: checkpoint at the end of the step, exit EXIT_PREEMPTED.
+    preemption = PreemptionNotice(config.trainer.preemption_grace_s).install()
     torch.manual_seed(config.trainer.seed)
     model_path = resolve_model_path(config.model.path)
     # A vision-language model's directory holds a processor: it encodes image rows; text goes via its tokenizer.
@@ -219,6 +222,8 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             resume_mode=config.trainer.resume_mode,
             hf_base_model_path=model_path if config.trainer.save_hf_model else None,
             node_run_dir=node_run_dir,
+            store_retries=config.trainer.store_retries,
+            store_backoff_s=config.trainer.store_backoff_s,
         )
         trainer = PPOTrainer(
             config,
@@ -232,6 +237,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             tokenizer=tokenizer,
             checkpointer=checkpointer,
             eos_token_ids=eos_ids,
+            preemption=preemption,
         )
         return trainer.fit()
     finally:
@@ -240,18 +246,33 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``rlhf train [--preset P] [--ray-address A] [overrides]``: 0 when trained, 2 on a config problem."""
+    """``rlhf train [--preset P] [--ray-address A] [overrides]``: 0 when trained, 2 on a config problem, 3 when a
+    resumed run had nothing left to train, 75 when preempted (rlhf_ops.trainer.faults)."""
     parser = argparse.ArgumentParser(prog="rlhf train", description="run PPO/GRPO training (the Ray job entrypoint)")
     parser.add_argument("--preset", default="tiny-cpu", help="shipped preset name or YAML path")
     parser.add_argument("--ray-address", default=None, help="Ray address; default: local cluster")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_ctrl.kl_coef=0.02")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rlhf_ops.trainer.faults import (
+        EXIT_NOTHING_LEFT,
+        EXIT_PREEMPTED,
+        PREEMPTED_MARKER,
+        NothingLeftToTrain,
+        Preempted,
+    )
+
     try:
         run_training(load_config(args.preset, args.overrides), ray_address=args.ray_address)
     except ConfigError as exc:
         print_problems(exc)
         return 2
+    except Preempted as exc:  # a scheduler resubmits on this exit code; the resubmitted run resumes
+        print(f"{PREEMPTED_MARKER}: {exc}", flush=True)
+        return EXIT_PREEMPTED
+    except NothingLeftToTrain as exc:
+        print(f"rlhf: {exc}", flush=True)
+        return EXIT_NOTHING_LEFT
     return 0
 
 
