@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from rlhf_ops.algorithms.stats import masked_whiten
+from rlhf_ops.extensions.algorithms import ADVANTAGE_ESTIMATORS as ADVANTAGE_ESTIMATOR_TABLE
 
 AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
 
@@ -253,27 +254,18 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-# Config name (algorithm.adv_estimator) -> estimator. Signatures differ; the trainer passes what each needs.
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
-    "gae": compute_gae_advantage_return,
-    "grpo": compute_grpo_outcome_advantage,
-    "rloo": compute_rloo_outcome_advantage,
-    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
-    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
-    "remax": compute_remax_outcome_advantage,
-}
-
-
-def _check_name(name: str) -> None:
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"adv_estimator={name!r} is unknown; valid values: {sorted(ADVANTAGE_ESTIMATORS)}.")
+# The built-in entries of the table (rlhf_ops.extensions.ADVANTAGE_ESTIMATORS), name -> function: the table
+# states each one's traits and the trainer dispatches from it; this view is for callers that want the functions.
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {entry.name: entry.load() for entry in ADVANTAGE_ESTIMATOR_TABLE}
 
 
 def needs_critic(name: str) -> bool:
-    """Whether estimator ``name`` needs critic values (only ``gae``).
+    """Whether estimator ``name`` needs critic values (its table entry's ``needs_critic``).
 
     Raises:
-        ValueError: If ``name`` is not a key of ``ADVANTAGE_ESTIMATORS``.
+        ValueError: If ``name`` is not a built-in estimator.
     """
-    _check_name(name)
-    return name == "gae"
+    entry = ADVANTAGE_ESTIMATOR_TABLE.known(name)
+    if entry is None:
+        raise ValueError(f"adv_estimator={name!r} is unknown; valid values: {sorted(ADVANTAGE_ESTIMATORS)}.")
+    return entry.needs_critic

@@ -16,9 +16,12 @@ import torch
 from torch import Tensor
 
 from rlhf_ops.algorithms.stats import masked_mean
+from rlhf_ops.extensions.algorithms import KL_ESTIMATORS
 
-_BASE_KL_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_PENALTY_NAMES: tuple[str, ...] = _BASE_KL_NAMES + tuple(f"{name}+" for name in _BASE_KL_NAMES)
+# The built-in names of the table (rlhf_ops.extensions.KL_ESTIMATORS): the base estimators, then their '+' forms.
+KL_PENALTY_NAMES: tuple[str, ...] = tuple(
+    e.name for e in KL_ESTIMATORS if e.target == "rlhf_ops.algorithms.kl:kl_penalty"
+)
 
 
 def _kl_forward(logprob: Tensor, ref_logprob: Tensor, name: str) -> Tensor:
@@ -52,6 +55,10 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
         ValueError: If ``kl_penalty`` is not a known name.
     """
     if kl_penalty not in KL_PENALTY_NAMES:
+        if ":" in kl_penalty or kl_penalty in KL_ESTIMATORS:  # a user's entry: fn(logprob, ref_logprob)
+            user_kl: Any = KL_ESTIMATORS.get(kl_penalty).load()
+            result: Tensor = user_kl(logprob, ref_logprob)
+            return result
         raise ValueError(f"kl_penalty={kl_penalty!r} is unknown; valid values: {list(KL_PENALTY_NAMES)}.")
     straight_through = kl_penalty.endswith("+")
     base = kl_penalty.removesuffix("+")

@@ -30,10 +30,9 @@ from rlhf_ops.algorithms.losses import (
     Count,
     agg_loss,
     apply_is_weights,
-    compute_policy_loss,
-    compute_policy_loss_gspo,
 )
 from rlhf_ops.algorithms.stats import masked_mean
+from rlhf_ops.extensions.algorithms import POLICY_LOSSES as POLICY_LOSS_TABLE
 
 __all__ = [
     "POLICY_LOSSES",
@@ -337,11 +336,6 @@ class PolicyLossFn(Protocol):
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
-# Config name (algorithm.policy_loss) -> loss. Variant keywords (clip_cov_ratio, ...) are bound by the caller.
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    "vanilla": compute_policy_loss,
-    "gspo": compute_policy_loss_gspo,
-    "clip_cov": compute_policy_loss_clip_cov,
-    "kl_cov": compute_policy_loss_kl_cov,
-    "cispo": compute_policy_loss_cispo,
-}
+# The built-in entries of the table (rlhf_ops.extensions.POLICY_LOSSES), name -> function; the actor binds
+# an entry's own hyper-parameters from the config (workers.actor.dp_actor.bind_policy_loss).
+POLICY_LOSSES: dict[str, PolicyLossFn] = {entry.name: entry.load() for entry in POLICY_LOSS_TABLE}

@@ -47,15 +47,6 @@ def off_policy_problems(run: RunConfig) -> list[ConfigProblem]:
                 "set rollout.engine=vllm rollout.mode=async, or trainer.pipeline=sync",
             )
         )
-    if algo.adv_estimator == "remax":
-        problems.append(
-            ConfigProblem(
-                "trainer.pipeline",
-                "one_step_off with adv_estimator=remax: ReMax's greedy baseline is a second rollout of the same "
-                "prompts with the current weights, which the prefetch cannot provide",
-                "set trainer.pipeline=sync, or another estimator (grpo, rloo, reinforce_plus_plus_baseline)",
-            )
-        )
     if algo.filter_groups.enable:
         problems.append(
             ConfigProblem(

@@ -12,10 +12,20 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
-KLPenalty = Literal[
-    "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
-]
+from rlhf_ops.extensions import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    ROLLOUT_ENGINES,
+    choice_check,
+    choice_schema,
+)
+
+# Extension points: the allowed values are the names in their tables (rlhf_ops.extensions), or a dotted path.
+AdvEstimator = Annotated[str, choice_check(ADVANTAGE_ESTIMATORS), choice_schema(ADVANTAGE_ESTIMATORS)]
+KLPenalty = Annotated[str, choice_check(KL_ESTIMATORS), choice_schema(KL_ESTIMATORS)]
+PolicyLossName = Annotated[str, choice_check(POLICY_LOSSES), choice_schema(POLICY_LOSSES)]
+RolloutEngineName = Annotated[str, choice_check(ROLLOUT_ENGINES), choice_schema(ROLLOUT_ENGINES)]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 DType = Literal["float32", "bfloat16", "float16"]
 LoggerName = Literal["console", "jsonl", "mlflow"]

@@ -10,18 +10,20 @@ from urllib.parse import urlsplit
 
 from rlhf_ops.config.checkpoint_rules import checkpoint_problems
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
+
+# GROUP_ESTIMATORS: re-exported for callers that read it here (the table is the source).
+from rlhf_ops.config.extension_rules import GROUP_ESTIMATORS as GROUP_ESTIMATORS
+from rlhf_ops.config.extension_rules import extension_problems
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
+from rlhf_ops.extensions import ROLLOUT_ENGINES
 from rlhf_ops.sampling import rollout_logprobs_comparable
 
 # URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
 # free of the storage stack, a test keeps the two equal).
 CHECKPOINT_SCHEMES = ("file", "s3", "hdfs", "webhdfs")
 RESUME_KEYWORDS = ("auto", "disable")
-
-# Estimators that normalise within the group of samples of one prompt (need n >= 2).
-GROUP_ESTIMATORS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline"})
 
 
 def _micro_does_not_divide(per_rank: int, micro: int) -> bool:
@@ -151,15 +153,6 @@ def _check_gpu_share(run: RunConfig, problems: list[ConfigProblem]) -> None:
 
 def _check_algorithm(run: RunConfig, problems: list[ConfigProblem]) -> None:
     algo = run.algorithm
-    if algo.adv_estimator in GROUP_ESTIMATORS and run.rollout.n < 2:
-        problems.append(
-            ConfigProblem(
-                "rollout.n",
-                f"{run.rollout.n} sample(s) per prompt, but algorithm.adv_estimator={algo.adv_estimator} "
-                "normalises within the group of samples of a prompt",
-                "set rollout.n >= 2 (4-16 is typical)",
-            )
-        )
     if algo.use_kl_in_reward and algo.use_kl_loss:
         problems.append(
             ConfigProblem(
@@ -211,22 +204,6 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "reward.reward_fn",
                 "no reward: neither reward.model_path nor reward.reward_fn is set",
                 "set reward.reward_fn (a built-in name or 'pkg.module:function') and/or reward.model_path",
-            )
-        )
-    if run.resources.device == "cpu" and run.rollout.engine == "vllm" and run.rollout.kv_cache_memory_bytes is None:
-        problems.append(
-            ConfigProblem(
-                "rollout.kv_cache_memory_bytes",
-                "vLLM on CPU needs an explicit, small KV cache size",
-                "set e.g. rollout.kv_cache_memory_bytes=268435456",
-            )
-        )
-    if run.rollout.mode == "async" and run.rollout.engine != "vllm":
-        problems.append(
-            ConfigProblem(
-                "rollout.mode",
-                f"async rollout runs a vLLM AsyncLLM engine, but rollout.engine={run.rollout.engine}",
-                "set rollout.engine=vllm, or rollout.mode=sync",
             )
         )
     resume = _resume_mode_problem(run.trainer.resume_mode)
@@ -341,10 +318,10 @@ def _check_vision_language(run: RunConfig, problems: list[ConfigProblem]) -> Non
             "score with reward.reward_fn instead",
         ),
         (
-            run.rollout.engine == "vllm",
+            not getattr(ROLLOUT_ENGINES.find(run.rollout.engine), "vision", True),
             "rollout.engine",
-            f"the vLLM engine receives token ids only, no images, {what}",
-            "set rollout.engine=hf",
+            f"the {run.rollout.engine} engine receives token ids only, no images, {what}",
+            "set rollout.engine=" + " or ".join(e.name for e in ROLLOUT_ENGINES if e.vision),
         ),
         (
             run.actor.ulysses_sequence_parallel_size > 1,
@@ -476,6 +453,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     _check_vision_language(run, problems)
     _check_reward(run, problems)
     _check_surface(run, problems)
+    problems.extend(extension_problems(run))
     problems.extend(off_policy_problems(run))
     problems.extend(checkpoint_problems(run.trainer))
     problems.extend(

@@ -14,14 +14,9 @@ from rlhf_ops.algorithms import (
     FixedKLController,
     KLController,
     apply_kl_penalty,
-    compute_gae_advantage_return,
-    compute_grpo_outcome_advantage,
-    compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
-    compute_rloo_outcome_advantage,
 )
 from rlhf_ops.config.schema import AlgorithmConfig, KLControllerConfig
+from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS
 from rlhf_ops.protocol import DataProto
 
 
@@ -52,24 +47,23 @@ def apply_reward_kl(
 
 
 def compute_advantage(data: DataProto, cfg: AlgorithmConfig) -> dict[str, Tensor]:
-    """``{"advantages", "returns"}`` (B, R) fp32 for ``cfg.adv_estimator``, from ``token_level_rewards``."""
-    rewards, mask = data.tensors["token_level_rewards"], data.tensors["response_mask"]
-    name = cfg.adv_estimator
-    index: Any = data.non_tensor_batch.get("uid")
-    if name == "gae":
-        adv, ret = compute_gae_advantage_return(rewards, data.tensors["values"], mask, cfg.gamma, cfg.lam)
-    elif name == "grpo":
-        adv, ret = compute_grpo_outcome_advantage(
-            rewards, mask, index, norm_adv_by_std_in_grpo=cfg.norm_adv_by_std_in_grpo
-        )
-    elif name == "rloo":
-        adv, ret = compute_rloo_outcome_advantage(rewards, mask, index)
-    elif name == "reinforce_plus_plus":
-        adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, cfg.gamma)
-    elif name == "reinforce_plus_plus_baseline":
-        adv, ret = compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, index)
-    elif name == "remax":
-        adv, ret = compute_remax_outcome_advantage(rewards, data.tensors["reward_baselines"], mask)
-    else:  # the config's Literal makes this unreachable
-        raise AssertionError(name)
+    """``{"advantages", "returns"}`` (B, R) fp32 for ``cfg.adv_estimator``, from ``token_level_rewards``.
+
+    Dispatches from the estimator table (:data:`rlhf_ops.extensions.ADVANTAGE_ESTIMATORS`): the entry's traits
+    say which inputs it takes (``index`` for group estimators, ``values`` with a critic, ``reward_baselines``
+    for ReMax) and which ``algorithm.*`` fields it is given by name.
+    """
+    entry = ADVANTAGE_ESTIMATORS.get(cfg.adv_estimator)
+    kwargs: dict[str, Any] = {
+        "token_level_rewards": data.tensors["token_level_rewards"],
+        "response_mask": data.tensors["response_mask"],
+    }
+    if entry.group:
+        kwargs["index"] = data.non_tensor_batch.get("uid")
+    if entry.needs_critic:
+        kwargs["values"] = data.tensors["values"]
+    if entry.needs_greedy_baseline:
+        kwargs["reward_baselines"] = data.tensors["reward_baselines"]
+    kwargs.update({name: getattr(cfg, name) for name in entry.config_params})
+    adv, ret = entry.load()(**kwargs)
     return {"advantages": adv.float(), "returns": ret.float()}

@@ -20,6 +20,7 @@ from rlhf_ops.algorithms import KLController
 from rlhf_ops.config.batch_plan import BatchPlan, PPOPlan
 from rlhf_ops.config.schema import AlgorithmConfig, RunConfig
 from rlhf_ops.data.dataset import PromptLoader
+from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
@@ -167,7 +168,7 @@ class PPOTrainer:
         """The step's sequences: n samples per prompt (rows repeated interleaved, so group ids stay adjacent)
         with the prompts' columns, and ``reward_baselines`` (B,) for ReMax."""
         baseline = None
-        if self.config.algorithm.adv_estimator == "remax":
+        if ADVANTAGE_ESTIMATORS.get(self.config.algorithm.adv_estimator).needs_greedy_baseline:
             with timer.stage("gen_max"):
                 baseline = self._greedy_baseline(prompts, step=step)
         repeated = prompts.repeat(self.config.rollout.n, interleave=True)

@@ -54,6 +54,17 @@ CASES: dict[str, list[str]] = {
     ],
     # PPO with a critic (GAE) and the KL penalty in the reward.
     "gae": ["algorithm.adv_estimator=gae", "algorithm.use_kl_loss=false", "algorithm.use_kl_in_reward=true"],
+    # Multi-turn agent loop (HF engine) with an interaction: observation tokens (mask 0) between model turns.
+    "multi_turn": [
+        "rollout.multi_turn.enable=true",
+        "rollout.multi_turn.interaction=answer_feedback",
+        "rollout.multi_turn.max_turns=3",
+        "rollout.multi_turn.max_tool_response_tokens=40",
+        "rollout.max_new_tokens=96",
+        "rollout.n=4",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
+    ],
 }
 # Wall-clock, throughput and memory figures change from run to run; everything else is a function of the seed.
 _VOLATILE_KEYS = {"timestamp"}
@@ -107,7 +118,13 @@ def _compare(case: str, got: list[dict[str, float]], want: list[dict[str, float]
 
 
 @pytest.mark.parametrize(
-    "case", ["hf", pytest.param("vllm", marks=pytest.mark.slow), pytest.param("gae", marks=pytest.mark.slow)]
+    "case",
+    [
+        "hf",
+        pytest.param("vllm", marks=pytest.mark.slow),
+        pytest.param("gae", marks=pytest.mark.slow),
+        pytest.param("multi_turn", marks=pytest.mark.slow),
+    ],
 )
 def test_a_fixed_seed_run_gives_the_recorded_metrics(
     case: str, tmp_path: Path, tiny_model_dir: str, ray_address: str

@@ -29,10 +29,11 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from rlhf_ops.algorithms import POLICY_LOSSES, PolicyLossFn, agg_loss, kl_penalty, truncated_is_weights
+from rlhf_ops.algorithms import PolicyLossFn, agg_loss, kl_penalty, truncated_is_weights
 from rlhf_ops.algorithms.rollout_correction import rollout_is_weights
 from rlhf_ops.config.batch_plan import ForwardPlan, PPOPlan
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig
+from rlhf_ops.extensions import POLICY_LOSSES as POLICY_LOSS_TABLE
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.trainer.metrics import ROLLOUT_DIFF_MAX, ROLLOUT_DIFF_MEAN, rollout_probs_diff_stats
 from workers.actor.forward import response_log_probs, supports_logits_to_keep
@@ -50,20 +51,17 @@ _UPDATE_KEYS = (*_FORWARD_KEYS, "response_mask", "advantages")
 
 
 def bind_policy_loss(algorithm: AlgorithmConfig, *, seed: int = 0) -> PolicyLossFn:
-    """``POLICY_LOSSES[algorithm.policy_loss]`` with the variant's own hyper-parameters bound from the config."""
-    loss: Any = POLICY_LOSSES[algorithm.policy_loss]  # the variants take extra keyword arguments
-    if algorithm.policy_loss == "clip_cov":
-        return functools.partial(
-            loss,
-            clip_cov_ratio=algorithm.clip_cov_ratio,
-            clip_cov_lb=algorithm.clip_cov_lb,
-            clip_cov_ub=algorithm.clip_cov_ub,
-            # One generator for the actor's life: the random token choice is reproducible under a fixed seed.
-            generator=torch.Generator().manual_seed(seed),
-        )
-    if algorithm.policy_loss == "kl_cov":
-        return functools.partial(loss, kl_cov_ratio=algorithm.kl_cov_ratio, ppo_kl_coef=algorithm.ppo_kl_coef)
-    return loss
+    """The ``algorithm.policy_loss`` entry of the table, its own hyper-parameters bound from ``algorithm.*``.
+
+    The entry's ``config_params`` name the fields bound by keyword (Clip-Cov's ``clip_cov_ratio``...); a
+    ``seeded`` entry gets one generator for the actor's life, so its random token choice is reproducible.
+    """
+    entry = POLICY_LOSS_TABLE.get(algorithm.policy_loss)
+    loss: Any = entry.load()
+    bound: dict[str, Any] = {name: getattr(algorithm, name) for name in entry.config_params}
+    if entry.seeded:
+        bound["generator"] = torch.Generator().manual_seed(seed)
+    return functools.partial(loss, **bound) if bound else loss
 
 
 _MEDIA_KEYS = ("pixel_values",)  # vision-language policies: (B, k, C, H, W), split by rows like the rest

