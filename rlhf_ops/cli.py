@@ -204,8 +204,19 @@ def _add_pipeline_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentPa
     job.set_defaults(func=_pipeline_job)
 
 
+def package_version() -> str:
+    """The installed ``rlhf-ops`` distribution's version, from its package metadata (what pip installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlhf-ops")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (rlhf-ops is not installed; pip install it)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rlhf {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     config = sub.add_parser("config", help="show, validate or describe the configuration")
