@@ -18,15 +18,20 @@ from typing import Any
 HEAVY = ("torch", "transformers", "vllm")
 
 
-def _dagbag(folder: str) -> Any:
+def _dagbag_module() -> Any:
     try:  # Airflow 3.2+
-        from airflow.dag_processing.dagbag import BundleDagBag
-
-        return BundleDagBag(dag_folder=folder, bundle_path=Path(folder), bundle_name="dags-folder")
+        from airflow.dag_processing import dagbag
     except ImportError:  # Airflow 3.1
-        from airflow.models.dagbag import DagBag
+        from airflow.models import dagbag  # type: ignore[no-redef,unused-ignore]
+    return dagbag
 
-        return DagBag(dag_folder=folder, include_examples=False, bundle_name="dags-folder")
+
+def _dagbag(folder: str) -> Any:
+    module = _dagbag_module()
+    try:  # Airflow 3.2+ names the bundle
+        return module.BundleDagBag(dag_folder=folder, bundle_path=Path(folder), bundle_name="dags-folder")
+    except TypeError:  # Airflow 3.1
+        return module.BundleDagBag(dag_folder=folder, bundle_path=Path(folder))
 
 
 def inspect(folder: str) -> dict[str, Any]:
@@ -68,17 +73,11 @@ def dag_test(folder: str, conf: dict[str, Any]) -> dict[str, Any]:
     bag = _dagbag(folder)
     if bag.import_errors:
         return {"import_errors": {str(k): str(v)[-800:] for k, v in bag.import_errors.items()}}
-    try:  # Airflow 3.2+: the DAG must be known to the metadata DB (its bundle row first)
-        from airflow.dag_processing.bundles.manager import DagBundlesManager
-        from airflow.dag_processing.dagbag import sync_bag_to_db
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
 
-        DagBundlesManager().sync_bundles_to_db()
-        sync_bag_to_db(bag, "dags-folder", None)
-    except ImportError:  # Airflow 3.1: dag.test() serializes the DAG itself
-        from airflow.dag_processing.bundles.manager import DagBundlesManager
-
-        DagBundlesManager().sync_bundles_to_db()
-        bag.sync_to_db("dags-folder", None)
+    # The DAG must be known to the metadata DB (its bundle row first), as the dag processor would leave it.
+    DagBundlesManager().sync_bundles_to_db()
+    _dagbag_module().sync_bag_to_db(bag, "dags-folder", None)
     dag_run = bag.dags["rlhf_ppo"].test(run_conf=conf)
     with create_session() as session:
         rows = session.query(TaskInstance).filter(TaskInstance.run_id == dag_run.run_id).all()
