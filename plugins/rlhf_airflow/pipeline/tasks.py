@@ -120,6 +120,9 @@ def check_ray(*, ray_conn_id: str, address: str | None) -> str:
         ) from None
     except Exception as exc:  # connection refused, TLS, auth: retryable
         raise AirflowException(f"Ray job server {hook.dashboard_address} is unreachable: {exc}") from exc
+    ok, problem = hook.test_connection()  # the cluster's Ray release (and token): what no retry can fix
+    if not ok:
+        raise AirflowFailException(problem)
     return hook.dashboard_address
 
 
