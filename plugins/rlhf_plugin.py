@@ -1,25 +1,14 @@
-"""Airflow plugin registering the RLHF operator extra links (Ray job, MLflow run, checkpoint folder).
+"""Plugins-folder entry of the RLHF plugin, for a source checkout that runs without the installed provider.
 
-Registered links are what the Airflow 3 API server calls to render the buttons of ``RayJobOperator`` tasks;
-they read XComs from the metadata DB there (see ``rlhf_airflow.links``). Imports stay light: no torch.
+An installed ``airflow-provider-rlhf`` registers ``rlhf_airflow.plugin.RlhfPlugin`` through its provider info;
+this module then defines no plugin, so Airflow never sees it twice.
 """
 
 from __future__ import annotations
 
-from airflow.plugins_manager import AirflowPlugin
+from rlhf_airflow.versions import PROVIDER_DISTRIBUTION, installed
 
-from rlhf_airflow.links import CheckpointFolderLink, MlflowRunLink, RayJobLink
-from rlhf_airflow.operators import RayJobOperator
-from rlhf_airflow.task_jobs import RayTaskJobOperator
+if installed(PROVIDER_DISTRIBUTION) is None:
+    from rlhf_airflow.plugin import RlhfPlugin
 
-# ``BaseOperatorLink.operators`` names the operator classes a plugin link decorates (matched by class name and
-# module). Set here, at the registration point, because links.py cannot import operators.py (cycle).
-for _link_cls in (RayJobLink, MlflowRunLink, CheckpointFolderLink):
-    _link_cls.operators = [RayJobOperator, RayTaskJobOperator]
-
-
-class RlhfPlugin(AirflowPlugin):
-    """Extra links for ``RayJobOperator`` and its heavy-task subclass ``RayTaskJobOperator``."""
-
-    name = "rlhf"
-    operator_extra_links = [RayJobLink(), MlflowRunLink(), CheckpointFolderLink()]
+    __all__ = ["RlhfPlugin"]

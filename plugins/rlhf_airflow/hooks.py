@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
-from airflow.sdk.log import amask_secret, mask_secret
+
+from rlhf_airflow.compat import AirflowNotFoundException, aextra_dejson, amask_secret, mask_secret
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -116,6 +116,30 @@ class RayJobHook(BaseHook):
         self._config: tuple[str, dict[str, str], bool | str] | None = None
         self._client: JobSubmissionClient | None = None
 
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        """The connection form's extra fields, for Airflow 3.1 (3.2+ reads them from the provider info)."""
+        from rlhf_airflow.connection_form import form_widgets
+
+        return form_widgets()
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """Hidden fields, labels and placeholders of the form, for Airflow 3.1 (3.2+: the provider info)."""
+        from rlhf_airflow.connection_form import field_behaviour
+
+        return field_behaviour()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The connection form's *Test* button: the job server's version endpoint answers, with a supported Ray."""
+        from rlhf_airflow.connection_form import probe_job_server
+
+        try:
+            address, headers, verify = self.client_config()
+        except (ValueError, AirflowNotFoundException) as exc:
+            return False, str(exc)
+        return probe_job_server(address, headers, verify)
+
     def client_config(self) -> tuple[str, dict[str, str], bool | str]:
         """Resolve ``(dashboard_address, headers, verify)`` from the override and the connection (cached)."""
         if self._config is None:
@@ -145,7 +169,7 @@ class RayJobHook(BaseHook):
                 conn = None
             if conn is not None and conn.password:
                 await amask_secret(conn.password)  # the sync call would block the triggerer's loop on the supervisor
-            self._config = self._resolve(conn, await conn.aextra_dejson() if conn is not None else {})
+            self._config = self._resolve(conn, await aextra_dejson(conn) if conn is not None else {})
         return self._config
 
     def _resolve(self, conn: Connection | None, extra: Mapping[str, Any]) -> tuple[str, dict[str, str], bool | str]:

@@ -53,7 +53,7 @@ def checkpoint_browser_url(url: str, *, s3_console_template: str | None = None) 
 
 
 def _conf(key: str, default: str = "") -> str:
-    from airflow.sdk import conf
+    from rlhf_airflow.compat import conf
 
     return conf.get("rlhf", key, fallback=default) or default
 

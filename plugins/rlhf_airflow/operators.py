@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 
+from rlhf_airflow.compat import AirflowException
 from rlhf_airflow.hooks import RayJobHook, job_env_from_connections
 from rlhf_airflow.links import (
     XCOM_DASHBOARD_URL,

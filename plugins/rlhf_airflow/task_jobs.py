@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
+from rlhf_airflow.compat import AirflowException, AirflowFailException
 from rlhf_airflow.operators import RayJobOperator
 from rlhf_ops.pipeline.job_results import REQUEST_ENV, job_entrypoint, read_result, result_path
 

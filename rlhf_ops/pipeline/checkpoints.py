@@ -124,3 +124,33 @@ def best_step(reports: dict[int, dict[str, Any]], metric: str, *, higher_is_bett
         known = sorted({k for r in reports.values() for k in (r.get("metrics") or {})})
         raise ValueError(f"eval_metric={metric!r} is in no eval report; use one of {known}")
     return max(scored)[1] if scored else None
+
+
+TRAIN_DONE_STATES = frozenset({"success"})
+TRAIN_FAILED_STATES = frozenset({"failed", "upstream_failed", "removed"})
+
+
+class CheckpointNeverCommitted(RuntimeError):
+    """Training ended without committing the awaited checkpoint."""
+
+
+def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None) -> str | None:
+    """Where checkpoint ``step`` is, or None to keep waiting.
+
+    Args:
+        step: The awaited global step.
+        layout: The run's layout.
+        train_state: The Airflow state of the training task (``None`` before it was scheduled).
+
+    Raises:
+        CheckpointNeverCommitted: training succeeded (or failed for good) and the checkpoint is not there.
+    """
+    found = find_checkpoint(step, layout)
+    if found is not None:
+        return found
+    if train_state in TRAIN_DONE_STATES or train_state in TRAIN_FAILED_STATES:
+        # A finished job has waited for its uploads, so a missing checkpoint will not appear any more.
+        raise CheckpointNeverCommitted(
+            f"training is {train_state} and global_step_{step} was never committed under {layout.checkpoint_url}"
+        )
+    return None

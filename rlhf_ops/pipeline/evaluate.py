@@ -1,6 +1,7 @@
 """The per-checkpoint tasks: wait until checkpoint N is committed, then evaluate it.
 
-``checkpoint_ready`` is the sensor's poke; ``evaluate_step`` exports the checkpoint to HF (or reuses an
+``checkpoint_ready`` (``rlhf_ops.pipeline.checkpoints``, torch-free: the Airflow sensor imports it) is the
+sensor's poke; ``evaluate_step`` exports the checkpoint to HF (or reuses an
 export), evaluates it on the run's validation files with the run's reward function, writes ``eval.json``
 beside it (locally and on the remote store) and logs the metrics to the pipeline's MLflow run at step N.
 """
@@ -11,40 +12,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rlhf_ops.pipeline.checkpoints import find_checkpoint, local_checkpoint, write_eval_report
+from rlhf_ops.pipeline.checkpoints import (  # noqa: F401 - CheckpointNeverCommitted, checkpoint_ready: old home
+    CheckpointNeverCommitted,
+    checkpoint_ready,
+    find_checkpoint,
+    local_checkpoint,
+    write_eval_report,
+)
 from rlhf_ops.pipeline.layout import RunLayout
 
 log = logging.getLogger(__name__)
-
-TRAIN_DONE_STATES = frozenset({"success"})
-TRAIN_FAILED_STATES = frozenset({"failed", "upstream_failed", "removed"})
-
-
-class CheckpointNeverCommitted(RuntimeError):
-    """Training ended without committing the awaited checkpoint."""
-
-
-def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None) -> str | None:
-    """Where checkpoint ``step`` is, or None to keep waiting.
-
-    Args:
-        step: The awaited global step.
-        layout: The run's layout.
-        train_state: The Airflow state of the training task (``None`` before it was scheduled).
-
-    Raises:
-        CheckpointNeverCommitted: training succeeded (or failed for good) and the checkpoint is not there.
-    """
-    found = find_checkpoint(step, layout)
-    if found is not None:
-        return found
-    if train_state in TRAIN_DONE_STATES or train_state in TRAIN_FAILED_STATES:
-        # A finished job has waited for its uploads, so a missing checkpoint will not appear any more.
-        raise CheckpointNeverCommitted(
-            f"training is {train_state} and global_step_{step} was never committed under {layout.checkpoint_url}"
-        )
-    return None
-
 
 EVAL_ENGINES = ("auto", "vllm", "hf")
 

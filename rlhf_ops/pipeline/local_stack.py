@@ -65,9 +65,9 @@ def free_ports(n: int) -> list[int]:
             sock.close()
 
 
-def _venv_env(extra: dict[str, str]) -> dict[str, str]:
+def _venv_env(extra: dict[str, str], python: Path | None = None) -> dict[str, str]:
     env = {**os.environ, **extra}
-    bin_dir = str(Path(sys.executable).parent)
+    bin_dir = str(Path(python or sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     return env
 
@@ -131,15 +131,22 @@ def _wait_http(
 
 
 def start_ray_head(
-    log_dir: Path, *, num_cpus: int = 2, timeout_s: float = 180.0, auth_token: str | None = None
+    log_dir: Path,
+    *,
+    num_cpus: int = 2,
+    timeout_s: float = 180.0,
+    auth_token: str | None = None,
+    python: Path | None = None,
 ) -> Service:
     """A private Ray head (dashboard + job server on 127.0.0.1); ``url`` is the dashboard URL.
 
     ``auth_token``: require this bearer token on the dashboard and job API (None: auth off).
+    ``python``: the interpreter of the virtualenv the cluster runs (its ``ray`` CLI, and its ``python`` first on
+    the jobs' PATH); default: this process's.
     """
     ports = dict(zip(_RAY_PORT_FLAGS, free_ports(len(_RAY_PORT_FLAGS)), strict=True))
     temp_dir = tempfile.mkdtemp(prefix="rayd_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    ray_cli = Path(sys.executable).with_name("ray")
+    ray_cli = Path(python or sys.executable).with_name("ray")
     cmd = [str(ray_cli), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1"]
     cmd += [f"{flag}={port}" for flag, port in ports.items()]
     cmd += [f"--num-cpus={num_cpus}", "--include-dashboard=true", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
@@ -149,7 +156,8 @@ def start_ray_head(
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_AUTH_MODE": "token" if auth_token else "disabled",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        }
+        },
+        python,
     )
     for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         env.pop(name, None)

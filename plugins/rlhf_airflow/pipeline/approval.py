@@ -29,7 +29,8 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk.exceptions import AirflowSkipException
+
+from rlhf_airflow.compat import AirflowSkipException
 
 APPROVAL_KEYS = frozenset({"enabled", "timeout_hours", "assigned_users"})
 TASK_ID = "approve_champion"

@@ -117,7 +117,8 @@ def write_run_note(
 
     import requests
     from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from rlhf_airflow.compat import AirflowNotFoundException
 
     if not api_conn_id:
         return False

@@ -31,8 +31,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, yaml
+from airflow.sdk import DAG
 
+from rlhf_airflow.compat import yaml
 from rlhf_airflow.pipeline.approval import approval_spec
 from rlhf_airflow.pipeline.factory import build_pipeline_dag
 from rlhf_airflow.pools import cluster_pool

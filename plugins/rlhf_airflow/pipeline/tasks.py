@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import PokeReturnValue
-from airflow.sdk.exceptions import (
+
+from rlhf_airflow.compat import (
     AirflowException,
     AirflowFailException,
     AirflowNotFoundException,
     AirflowSkipException,
 )
-
 from rlhf_airflow.pipeline.assets import set_event_extra
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,9 @@ def check_ray(*, ray_conn_id: str, address: str | None) -> str:
         ) from None
     except Exception as exc:  # connection refused, TLS, auth: retryable
         raise AirflowException(f"Ray job server {hook.dashboard_address} is unreachable: {exc}") from exc
+    ok, problem = hook.test_connection()  # the cluster's Ray release (and token): what no retry can fix
+    if not ok:
+        raise AirflowFailException(problem)
     return hook.dashboard_address
 
 
@@ -204,7 +207,7 @@ def wait_for_checkpoint(
     step: int, layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any
 ) -> PokeReturnValue:
     """Sensor poke: done once ``global_step_<step>`` is committed (locally or on the remote store)."""
-    from rlhf_ops.pipeline.evaluate import CheckpointNeverCommitted, checkpoint_ready
+    from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, checkpoint_ready
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
 
     train_state = _train_state(context)

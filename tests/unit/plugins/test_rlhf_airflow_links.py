@@ -40,19 +40,25 @@ def test_checkpoint_browser_url(url: str, template: str | None, expected: str) -
     assert checkpoint_browser_url(url, s3_console_template=template) == expected
 
 
-def test_plugins_folder_loads_only_rlhf_plugin_with_the_three_links() -> None:
+def test_rlhf_plugin_is_registered_once_with_the_three_links() -> None:
     from airflow._shared.plugins_manager.plugins_manager import _load_plugins_from_plugin_directory
 
     from rlhf_airflow.operators import RayJobOperator
+    from rlhf_airflow.plugin import RlhfPlugin
     from rlhf_airflow.task_jobs import RayTaskJobOperator
+    from rlhf_airflow.versions import PROVIDER_DISTRIBUTION, installed
 
     # Load the folder the way Airflow does (each .py file becomes a top-level module named after it).
     plugins, errors = _load_plugins_from_plugin_directory(str(PLUGINS_DIR))
     assert errors == {}
     # rlhf_airflow/.airflowignore keeps Airflow from importing hooks.py, operators.py… as top-level modules.
     loaded = [(type(p).__name__, Path(getattr(p.source, "path", "")).name) for p in plugins]
-    assert loaded == [("RlhfPlugin", "rlhf_plugin.py")]
-    plugin = plugins[0]
+    if installed(PROVIDER_DISTRIBUTION):  # the installed provider registers it (provider info): never twice
+        assert loaded == []
+        plugin = RlhfPlugin()
+    else:  # a source checkout: the plugins folder's rlhf_plugin.py does
+        assert loaded == [("RlhfPlugin", "rlhf_plugin.py")]
+        plugin = plugins[0]
     assert plugin.name == "rlhf"
     links = plugin.operator_extra_links
     assert [type(link) for link in links] == [RayJobLink, MlflowRunLink, CheckpointFolderLink]
