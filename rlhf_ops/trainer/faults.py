@@ -84,6 +84,7 @@ class PreemptionNotice:
         self.grace_s = grace_s
         self.received_at: float | None = None
         self.committed_step: int | None = None  # updated by the loop: what the hard stop says it resumes from
+        self.stopping = False  # the loop checkpointed after the notice and is shutting down
         self._exit = exit_fn
         self._timer: threading.Timer | None = None
         self._previous: Any = None
@@ -124,6 +125,10 @@ class PreemptionNotice:
 
     def _expire(self) -> None:
         last = f"step {self.committed_step}" if self.committed_step is not None else "none"
+        if self.stopping:  # checkpointed in time; only the shutdown outlived the grace period
+            print(f"{PREEMPTED_MARKER}: grace period over during shutdown; checkpoint {last} is committed", flush=True)
+            self._exit(EXIT_PREEMPTED)
+            return
         print(
             f"{PREEMPTED_MARKER}: could not checkpoint within trainer.preemption_grace_s={self.grace_s:g} s; "
             f"stopping now, the run resumes from its last checkpoint ({last}). Fix: raise "
