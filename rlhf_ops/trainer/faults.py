@@ -94,8 +94,14 @@ class PreemptionNotice:
         return self.received_at is not None
 
     def install(self) -> PreemptionNotice:
-        """Handle SIGTERM from now on (main thread only); returns self."""
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        """Handle SIGTERM from now on (main thread only); returns self.
+
+        Call it again after ``ray.init``: Ray's driver installs its own fatal-signal handler for SIGTERM (it
+        aborts the process), which replaces this one.
+        """
+        previous = signal.signal(signal.SIGTERM, self._handle)
+        if self._previous is None:
+            self._previous = previous
         return self
 
     def uninstall(self) -> None:
