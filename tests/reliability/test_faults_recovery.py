@@ -26,7 +26,8 @@ from rlhf_ops.storage.manifest import read_latest
 from rlhf_ops.trainer.faults import EXIT_NOTHING_LEFT, EXIT_PREEMPTED, PREEMPTED_MARKER
 from tests.reliability.conftest import Figures
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
+# slow: 6 cases and a reference run, about 7 minutes on 2 shared cores (each case trains the tiny model 1-2 times).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 RUN_TIMEOUT_S = 300
 STEPS = 4
