@@ -58,4 +58,4 @@ def test_any_other_exit_code_still_fails_the_try(ray_head: str) -> None:
     op, context, base = _operator(_unique("fail"), 3)
     with pytest.raises(AirflowException, match=f"Ray job {base} error: status=FAILED"):
         op.execute(context)
-    assert RayJobHook(CONN_ID).status(f"{base}-retry1") is None  # nothing resubmitted
+    assert RayJobHook(CONN_ID).find_status(f"{base}-retry1") is None  # nothing resubmitted
