@@ -4,7 +4,8 @@
 through ``RayJobHook.submit`` under a submission id derived from (dag_id, run_id, task_id, map_index), pushes
 XComs ``ray_submission_id`` and ``ray_dashboard_url``, then defers to ``RayJobTrigger`` (or polls in the worker
 when ``deferrable=False``). ``execute_complete`` turns the trigger event into a return value or an
-``AirflowException`` carrying the job status and the last log lines.
+``AirflowException`` carrying the job status and the last log lines, except for a job that ended preempted (exit
+code 75: it checkpointed on a preemption notice), which is resubmitted with resume within the same try.
 
 Killing: ``on_kill`` (worker side: SIGTERM while executing / polling) and ``RayJobTrigger.on_kill``
 (triggerer side: the user marks a deferred task failed/success or clears it) both stop the Ray job.
@@ -38,6 +39,8 @@ SUBMISSION_ENV_VAR = "RLHF_SUBMISSION_ID"
 MAX_SUBMISSION_ID_LEN = 100
 _SUBMISSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+# Ray's message for a driver that exited with rlhf_ops.trainer.faults.EXIT_PREEMPTED (literal: no library import).
+_PREEMPTED = re.compile(r"failed with exit code 75\b")
 
 
 def derive_submission_id(*, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -217,6 +220,11 @@ class RayJobOperator(BaseOperator):
             return submission_id
         if event["status"] == "timeout":
             self._stop_quietly(submission_id)
+        if event["status"] == "error" and _PREEMPTED.search(str(event.get("message", ""))):
+            # Preempted with notice (rlhf_ops.trainer.faults.EXIT_PREEMPTED): it checkpointed, so it is resubmitted
+            # at once with resume (the hook's next retry id) inside this try: a preemption is not a failure.
+            self.log.warning("Ray job %s was preempted; resubmitting it to resume (not a failed try)", submission_id)
+            return str(self.execute(context))
         raise AirflowException(
             f"Ray job {submission_id} {event['status']}: status={event.get('job_status')} "
             f"message={event.get('message', '')!r}\n--- last log lines ---\n{event.get('log_tail', '')}"

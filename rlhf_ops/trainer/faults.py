@@ -84,6 +84,7 @@ class PreemptionNotice:
         self.grace_s = grace_s
         self.received_at: float | None = None
         self.committed_step: int | None = None  # updated by the loop: what the hard stop says it resumes from
+        self.stopping = False  # the loop checkpointed after the notice and is shutting down
         self._exit = exit_fn
         self._timer: threading.Timer | None = None
         self._previous: Any = None
@@ -93,8 +94,14 @@ class PreemptionNotice:
         return self.received_at is not None
 
     def install(self) -> PreemptionNotice:
-        """Handle SIGTERM from now on (main thread only); returns self."""
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        """Handle SIGTERM from now on (main thread only); returns self.
+
+        Call it again after ``ray.init``: Ray's driver installs its own fatal-signal handler for SIGTERM (it
+        aborts the process), which replaces this one.
+        """
+        previous = signal.signal(signal.SIGTERM, self._handle)
+        if self._previous is None:
+            self._previous = previous
         return self
 
     def uninstall(self) -> None:
@@ -124,6 +131,10 @@ class PreemptionNotice:
 
     def _expire(self) -> None:
         last = f"step {self.committed_step}" if self.committed_step is not None else "none"
+        if self.stopping:  # checkpointed in time; only the shutdown outlived the grace period
+            print(f"{PREEMPTED_MARKER}: grace period over during shutdown; checkpoint {last} is committed", flush=True)
+            self._exit(EXIT_PREEMPTED)
+            return
         print(
             f"{PREEMPTED_MARKER}: could not checkpoint within trainer.preemption_grace_s={self.grace_s:g} s; "
             f"stopping now, the run resumes from its last checkpoint ({last}). Fix: raise "

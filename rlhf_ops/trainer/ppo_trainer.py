@@ -432,6 +432,7 @@ class PPOTrainer:
             if step > 0 and schedule.saved_step != step:
                 self._save(schedule, step, reason="preemption")
             self.checkpointer.finish()  # the node may be gone soon: the remote copy must be complete first
+        self.preemption.stopping = True
         committed = schedule.saved_step
         raise Preempted(
             f"preempted at step {step} of {self.total_steps}: checkpoint of step {committed} committed "

@@ -182,6 +182,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(dump_config(config))
     _init_ray(ray_address or config.resources.ray_address, config)
+    preemption.install()  # again: ray.init replaced it with Ray's fatal-signal handler (which aborts)
     groups = launch_role_groups(
         config,
         plan,
