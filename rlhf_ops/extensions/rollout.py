@@ -11,8 +11,9 @@ vision-language policies, evaluation); ``package`` is what the pre-flight needs 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from rlhf_ops.extensions.table import Entry, Table
+from rlhf_ops.extensions.table import Entry, Table, load_target
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,12 @@ class RolloutEngineSpec(Entry):
     package: str | None = None
     cpu_kv_cache_bytes: bool = False
     not_run_here: str = ""
+
+    def load_async(self) -> Any:
+        """The async engine's builder (``async_target``, imported now)."""
+        if self.async_target is None:
+            raise ValueError(f"rollout.engine={self.name} has no async mode; set rollout.mode=sync")
+        return load_target(self.async_target)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -81,10 +88,9 @@ ROLLOUT_ENGINES: Table[RolloutEngineSpec] = Table(
             async_description="an SGLang engine's async generate",
             description="SGLang's offline Engine with weight sync from the actor (update_weights_from_tensor).",
             weight_sync=True,
-            devices=frozenset({"cuda"}),
             package="sglang",
-            not_run_here="SGLang has not run on this project's machines (CPU-only: its CPU backend needs sgl-kernel's "
-            "CPU build, which its PyPI wheels do not carry)",
+            not_run_here="it has not run on this project's machines: PyPI's sglang 0.5.23 pulls CUDA 13 kernels "
+            "(sglang-kernel, flashinfer), and its CPU backend needs sgl-kernel built from source for the CPU",
         ),
     ],
 )

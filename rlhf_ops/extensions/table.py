@@ -49,13 +49,18 @@ class Entry:
 
     def load(self) -> Any:
         """The entry's code (a built-in's module is imported here, never when the table is read)."""
-        if not isinstance(self.target, str):
-            return self.target
-        module, attr = split_dotted(self.target)
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return load_target(self.target)
+
+
+def load_target(target: str | Any) -> Any:
+    """The object ``"module:attribute"`` names (imported now), or ``target`` itself when it is no string."""
+    if not isinstance(target, str):
+        return target
+    module, attr = split_dotted(target)
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 E = TypeVar("E", bound=Entry)

@@ -29,17 +29,20 @@ mode when temperature != 1 and top-k / top-p are on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from torch import Tensor
 
+from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 
 __all__ = [
+    "EngineContext",
     "LogprobsMode",
     "RolloutEngine",
     "SamplingParams",
@@ -48,6 +51,36 @@ __all__ = [
 ]
 
 LogprobsMode = Literal["raw", "processed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineContext:
+    """What the actor worker hands an engine builder (the ``target`` / ``async_target`` of a
+    :data:`rlhf_ops.extensions.ROLLOUT_ENGINES` entry), so every engine is built by one call.
+
+    Attributes:
+        model_path: Local HF model directory (a separate engine loads its own copy from it).
+        config: The rollout section (sampling defaults, dtype, memory, multi-turn).
+        pad_token_id: Id written after EOS.
+        eos_token_id: Id(s) ending a response.
+        seed: The rank's engine seed (``trainer.seed + 1000 * rank``).
+        device: ``"cpu"`` or ``"cuda"``.
+        max_prompt_length: Longest prompt P (an engine sizes its context as P + ``max_new_tokens``).
+        logprobs_mode: Which log-probs the engine records (``workers.rollout.base``).
+        module: The actor's model; an in-process engine (HF) generates with it, a separate one ignores it.
+        suppress_token_ids: Ids never sampled (a vision-language model's image placeholder).
+    """
+
+    model_path: str
+    config: RolloutConfig
+    pad_token_id: int
+    eos_token_id: int | Sequence[int]
+    seed: int
+    device: Literal["cpu", "cuda"]
+    max_prompt_length: int
+    logprobs_mode: LogprobsMode
+    module: Any = None
+    suppress_token_ids: Sequence[int] = ()
 
 
 @runtime_checkable
