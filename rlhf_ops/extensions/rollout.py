@@ -10,10 +10,47 @@ vision-language policies, evaluation); ``package`` is what the pre-flight needs 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlhf_ops.extensions.table import Entry, Table, load_target
+
+if TYPE_CHECKING:  # annotations only: the table stays torch-free
+    from torch import Tensor
+
+    from rlhf_ops.protocol import DataProto
+    from rlhf_ops.sampling import SamplingParams
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """The one rollout interface: training (sync and async), multi-turn (the agent loop wraps an engine and is
+    one) and evaluation decode through it. Keys and shapes: :mod:`workers.rollout.base`."""
+
+    @property
+    def weights_released(self) -> bool:
+        """True while :meth:`release` has discarded the weights (vLLM on CPU): the next rollout needs
+        :meth:`update_weights` even if the policy did not change."""
+        ...
+
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Samples responses; see the module docstring for the arguments, output keys and shapes."""
+        ...
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Loads new policy weights, given as (parameter name, full tensor) pairs in HF naming."""
+        ...
+
+    def release(self) -> None:
+        """Frees the engine's memory (weights, KV cache) between rollouts; a no-op where nothing is held."""
+        ...
+
+    def resume(self) -> None:
+        """Re-acquires what :meth:`release` freed, before the next rollout."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""The rollout engine contract shared by the HF engine and the vLLM engine.
+"""The rollout engine contract every engine follows (the Protocol: :class:`rlhf_ops.extensions.RolloutEngine`).
 
 Notation: B = prompts in the request, n = samples per prompt, P = prompt length (left-padded),
 R = ``response_length`` (responses are always padded to exactly R columns, as in verl), T = P + R.
@@ -29,14 +29,15 @@ mode when temperature != 1 and top-k / top-p are on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import numpy as np
 from torch import Tensor
 
 from rlhf_ops.config.schema import RolloutConfig
+from rlhf_ops.extensions.rollout import RolloutEngine
 from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
@@ -81,35 +82,6 @@ class EngineContext:
     logprobs_mode: LogprobsMode
     module: Any = None
     suppress_token_ids: Sequence[int] = ()
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """Generates responses for a batch of prompts; the HF engine and the vLLM engine implement it."""
-
-    @property
-    def weights_released(self) -> bool:
-        """True while :meth:`release` has discarded the weights (vLLM on CPU): the next rollout needs
-        :meth:`update_weights` even if the policy did not change."""
-        ...
-
-    def generate_sequences(
-        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
-    ) -> DataProto:
-        """Samples responses; see the module docstring for the arguments, output keys and shapes."""
-        ...
-
-    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Loads new policy weights, given as (parameter name, full tensor) pairs in HF naming."""
-        ...
-
-    def release(self) -> None:
-        """Frees the engine's memory (weights, KV cache) between rollouts; a no-op where nothing is held."""
-        ...
-
-    def resume(self) -> None:
-        """Re-acquires what :meth:`release` freed, before the next rollout."""
-        ...
 
 
 def build_rollout_output(
