@@ -41,12 +41,13 @@ def _resolve(table: Table[Any], key: str, value: str, strict: bool, problems: li
     if not strict and ":" in value and not _installed_here(value):
         return None
     try:
-        return table.get(value)
+        return table.get(value, key=key)
     except ValueError as err:
         message = str(err).removeprefix(f"{key}: ")
     except Exception as err:  # user code: anything can happen at import time
         message = f"importing {value!r} raised {type(err).__name__}: {err}"
-    problems.append(ConfigProblem(key, message, f"fix {key} (a built-in: {', '.join(table.builtin_names())})"))
+    builtins = ", ".join(table.builtin_names())
+    problems.append(ConfigProblem(key, message.rstrip("."), f"fix {key} (a built-in: {builtins})"))
     return None
 
 
