@@ -69,3 +69,29 @@ def test_user_kl_estimator_by_dotted_path() -> None:
     assert torch.equal(kl.detach(), torch.full((1, 2), extension_entries.KL_VALUE))
     kl.sum().backward()
     assert logprob.grad is not None and torch.equal(logprob.grad, torch.ones(1, 2))
+
+
+def test_every_builtin_estimator_dispatches_as_its_direct_call() -> None:
+    from rlhf_ops.algorithms import advantages as adv
+
+    data = _batch()
+    g = torch.Generator().manual_seed(1)
+    values, baselines = torch.randn(4, 2, generator=g), torch.randn(4, generator=g)
+    data = DataProto.from_dict(
+        {**dict(data.tensors.items()), "values": values, "reward_baselines": baselines},
+        non_tensors=dict(data.non_tensor_batch),
+    )
+    r, m, uid = data.tensors["token_level_rewards"], data.tensors["response_mask"], data.non_tensor_batch["uid"]
+    cfg = AlgorithmConfig(gamma=0.9, lam=0.8)
+    direct = {
+        "gae": adv.compute_gae_advantage_return(r, values, m, 0.9, 0.8),
+        "grpo": adv.compute_grpo_outcome_advantage(r, m, uid),
+        "rloo": adv.compute_rloo_outcome_advantage(r, m, uid),
+        "reinforce_plus_plus": adv.compute_reinforce_plus_plus_outcome_advantage(r, m, 0.9),
+        "reinforce_plus_plus_baseline": adv.compute_reinforce_plus_plus_baseline_outcome_advantage(r, m, uid),
+        "remax": adv.compute_remax_outcome_advantage(r, baselines, m),
+    }
+    for name, (want_adv, want_ret) in direct.items():
+        got = compute_advantage(data, cfg.model_copy(update={"adv_estimator": name}))
+        assert torch.equal(got["advantages"], want_adv.float()), name
+        assert torch.equal(got["returns"], want_ret.float()), name
