@@ -50,6 +50,12 @@ class PPOPlan:
     None when the plan was derived without the training set's size (``derive_batch_plan(run)`` alone)."""
 
     @property
+    def on_policy(self) -> bool:
+        """One PPO epoch of one mini-batch: every forward runs before the only optimizer step, so the update
+        can use its own detached log-probs as the old ones (verl and TRL do)."""
+        return self.ppo_epochs == 1 and self.num_mini_batches == 1
+
+    @property
     def log_prob(self) -> ForwardPlan:
         """The micro-batching of this role's no-grad forward (old log-probs, values)."""
         return ForwardPlan(

@@ -41,12 +41,14 @@ def _resolve(table: Table[Any], key: str, value: str, strict: bool, problems: li
     if not strict and ":" in value and not _installed_here(value):
         return None
     try:
-        return table.get(value)
-    except (ValueError, ImportError) as err:
-        problems.append(
-            ConfigProblem(key, str(err).removeprefix(f"{key}: "), f"fix {key} (a built-in: {table.builtin_names()})")
-        )
-        return None
+        return table.get(value, key=key)
+    except ValueError as err:
+        message = str(err).removeprefix(f"{key}: ")
+    except Exception as err:  # user code: anything can happen at import time
+        message = f"importing {value!r} raised {type(err).__name__}: {err}"
+    builtins = ", ".join(table.builtin_names())
+    problems.append(ConfigProblem(key, message.rstrip("."), f"fix {key} (a built-in: {builtins})"))
+    return None
 
 
 def _signature_problem(key: str, fn: Any, allowed: set[str]) -> str | None:
@@ -111,10 +113,11 @@ def _policy_loss_problems(entry: PolicyLoss, problems: list[ConfigProblem]) -> N
         )
 
 
-def _engine_problems(run: RunConfig, engine: RolloutEngineSpec, strict: bool, problems: list[ConfigProblem]) -> None:
+def _engine_problems(run: RunConfig, engine: RolloutEngineSpec, problems: list[ConfigProblem]) -> None:
     rollout, device = run.rollout, run.resources.device
     if rollout.mode not in engine.modes:
-        capable = [e for e in ROLLOUT_ENGINES if "async" in e.modes and device in e.devices]
+        # The fix suggests the engines that have run (an untried one is still selectable, never suggested).
+        capable = [e for e in ROLLOUT_ENGINES if "async" in e.modes and device in e.devices and not e.not_run_here]
         runs = " or ".join(e.async_description for e in capable) or "an engine with an async mode"
         problems.append(
             ConfigProblem(
@@ -145,15 +148,6 @@ def _engine_problems(run: RunConfig, engine: RolloutEngineSpec, strict: bool, pr
                 "rollout.multi_turn.enable",
                 f"rollout.engine={engine.name} cannot run the agent loop",
                 "set rollout.multi_turn.enable=false, or an engine that can (hf, vllm)",
-            )
-        )
-    if strict and engine.package is not None and importlib.util.find_spec(engine.package) is None:
-        why = f" ({engine.not_run_here})" if engine.not_run_here else ""
-        problems.append(
-            ConfigProblem(
-                "rollout.engine",
-                f"{engine.name} needs the Python package {engine.package!r}, which is not installed here{why}",
-                f"install {engine.package} on the workers' image, or set rollout.engine=hf",
             )
         )
 
@@ -187,5 +181,22 @@ def extension_problems(run: RunConfig, *, strict: bool = False) -> list[ConfigPr
         _resolve(KL_ESTIMATORS, "algorithm.kl_loss_type", algo.kl_loss_type, strict, problems)
     engine = _resolve(ROLLOUT_ENGINES, "rollout.engine", run.rollout.engine, strict, problems)
     if engine is not None:
-        _engine_problems(run, engine, strict, problems)
+        _engine_problems(run, engine, problems)
     return problems
+
+
+def engine_package_problems(run: RunConfig) -> list[ConfigProblem]:
+    """The engine's Python package does not import here: the training job's pre-flight (where the workers
+    run) refuses the run with the reason, before Ray or any worker starts. Not part of the shared pre-flight:
+    the Airflow side has no inference engine installed."""
+    engine = ROLLOUT_ENGINES.find(run.rollout.engine)
+    if engine is None or engine.package is None or importlib.util.find_spec(engine.package) is not None:
+        return []
+    why = f" ({engine.not_run_here})" if engine.not_run_here else ""
+    return [
+        ConfigProblem(
+            "rollout.engine",
+            f"{engine.name} needs the Python package {engine.package!r}, which is not installed here{why}",
+            f"install {engine.package} on the workers' image, or set rollout.engine=hf",
+        )
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlhf_ops.config.errors import ConfigProblem
 from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.extensions import ROLLOUT_ENGINES
 from rlhf_ops.sampling import rollout_logprobs_comparable
 
 
@@ -38,7 +39,8 @@ def off_policy_problems(run: RunConfig) -> list[ConfigProblem]:
         )
     if run.trainer.pipeline == "sync":
         return problems
-    if rollout.mode != "async" or rollout.engine != "vllm":
+    engine = ROLLOUT_ENGINES.find(rollout.engine)  # an engine without an async mode: extension_rules says so
+    if rollout.mode != "async" or engine is None or "async" not in engine.modes:
         problems.append(
             ConfigProblem(
                 "trainer.pipeline",

@@ -1,7 +1,8 @@
 """The rollout engine evaluation decodes with, injected: the library never imports ``workers/``.
 
 Evaluation uses the same rollout engine as training (``workers.rollout.hf_rollout.HFRollout``). The
-library only knows the two Protocols below; the engine itself is passed in by the caller
+library only knows the one rollout interface (:class:`rlhf_ops.extensions.RolloutEngine`, which training
+uses too) and the factory Protocol below; the engine itself is passed in by the caller
 (``evaluate_model(..., engine_factory=...)``) or, when the caller passes none (the ``rlhf eval`` command,
 the pipeline's evaluate task), found by name in the ``rlhf_ops.rollout_engines`` entry-point group that
 ``pyproject.toml`` registers (``hf = "workers.rollout.hf_rollout:HFRollout"``). See ``docs/decisions.md``.
@@ -11,21 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # torch: the evaluator's settings are read on the Airflow side too
-    from rlhf_ops.protocol import DataProto
-    from rlhf_ops.sampling import SamplingParams
+from rlhf_ops.extensions.rollout import RolloutEngine
 
 ENGINE_GROUP = "rlhf_ops.rollout_engines"
-
-
-class RolloutEngine(Protocol):
-    """Samples ``sampling.n`` responses per prompt row (keys and shapes: ``workers.rollout.base``)."""
-
-    def generate_sequences(
-        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
-    ) -> DataProto: ...
 
 
 class EngineFactory(Protocol):

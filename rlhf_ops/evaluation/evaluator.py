@@ -20,10 +20,15 @@ from typing import Any
 
 from rlhf_ops.evaluation.engines import EngineFactory, load_engine_factory
 from rlhf_ops.evaluation.metrics import ScoredResponse, default_ks, greedy_metrics, sample_metrics
+from rlhf_ops.extensions import ROLLOUT_ENGINES
 
 log = logging.getLogger(__name__)
 
 REPORT_VERSION = 1
+
+
+# The engine table's entries that can evaluate (rlhf_ops.extensions.ROLLOUT_ENGINES, trait ``evaluation``).
+EVAL_ENGINES = tuple(entry.name for entry in ROLLOUT_ENGINES if entry.evaluation)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +58,8 @@ class EvalSettings:
             raise ValueError(f"max_prompts={self.max_prompts} must be >= 1")
         if self.n_samples < 0:
             raise ValueError(f"n_samples={self.n_samples} must be >= 0 (0: greedy only)")
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError(f"engine={self.engine!r} must be 'hf' or 'vllm'")
+        if self.engine not in EVAL_ENGINES:
+            raise ValueError(f"engine={self.engine!r} must be one of {EVAL_ENGINES} (the engines that evaluate)")
         if any(not 1 <= k <= self.n_samples for k in self.ks):
             raise ValueError(f"ks={self.ks} must lie in 1..n_samples={self.n_samples}")
 

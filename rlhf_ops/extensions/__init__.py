@@ -15,7 +15,7 @@ from rlhf_ops.extensions.algorithms import (
     KLEstimator,
     PolicyLoss,
 )
-from rlhf_ops.extensions.rollout import ROLLOUT_ENGINES, RolloutEngineSpec
+from rlhf_ops.extensions.rollout import ROLLOUT_ENGINES, RolloutEngine, RolloutEngineSpec
 from rlhf_ops.extensions.table import Entry, Table, choice_check, choice_schema, is_dotted
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Entry",
     "KLEstimator",
     "PolicyLoss",
+    "RolloutEngine",
     "RolloutEngineSpec",
     "Table",
     "choice_check",

@@ -10,9 +10,47 @@ vision-language policies, evaluation); ``package`` is what the pre-flight needs 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rlhf_ops.extensions.table import Entry, Table
+from rlhf_ops.extensions.table import Entry, Table, load_target
+
+if TYPE_CHECKING:  # annotations only: the table stays torch-free
+    from torch import Tensor
+
+    from rlhf_ops.protocol import DataProto
+    from rlhf_ops.sampling import SamplingParams
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """The one rollout interface: training (sync and async), multi-turn (the agent loop wraps an engine and is
+    one) and evaluation decode through it. Keys and shapes: :mod:`workers.rollout.base`."""
+
+    @property
+    def weights_released(self) -> bool:
+        """True while :meth:`release` has discarded the weights (vLLM on CPU): the next rollout needs
+        :meth:`update_weights` even if the policy did not change."""
+        ...
+
+    def generate_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Samples responses; see the module docstring for the arguments, output keys and shapes."""
+        ...
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Loads new policy weights, given as (parameter name, full tensor) pairs in HF naming."""
+        ...
+
+    def release(self) -> None:
+        """Frees the engine's memory (weights, KV cache) between rollouts; a no-op where nothing is held."""
+        ...
+
+    def resume(self) -> None:
+        """Re-acquires what :meth:`release` freed, before the next rollout."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +80,12 @@ class RolloutEngineSpec(Entry):
     package: str | None = None
     cpu_kv_cache_bytes: bool = False
     not_run_here: str = ""
+
+    def load_async(self) -> Any:
+        """The async engine's builder (``async_target``, imported now)."""
+        if self.async_target is None:
+            raise ValueError(f"rollout.engine={self.name} has no async mode; set rollout.mode=sync")
+        return load_target(self.async_target)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -81,10 +125,9 @@ ROLLOUT_ENGINES: Table[RolloutEngineSpec] = Table(
             async_description="an SGLang engine's async generate",
             description="SGLang's offline Engine with weight sync from the actor (update_weights_from_tensor).",
             weight_sync=True,
-            devices=frozenset({"cuda"}),
             package="sglang",
-            not_run_here="SGLang has not run on this project's machines (CPU-only: its CPU backend needs sgl-kernel's "
-            "CPU build, which its PyPI wheels do not carry)",
+            not_run_here="it has not run on this project's machines: PyPI's sglang 0.5.23 pulls CUDA 13 kernels "
+            "(sglang-kernel, flashinfer), and its CPU backend needs sgl-kernel built from source for the CPU",
         ),
     ],
 )

@@ -49,13 +49,18 @@ class Entry:
 
     def load(self) -> Any:
         """The entry's code (a built-in's module is imported here, never when the table is read)."""
-        if not isinstance(self.target, str):
-            return self.target
-        module, attr = split_dotted(self.target)
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return load_target(self.target)
+
+
+def load_target(target: str | Any) -> Any:
+    """The object ``"module:attribute"`` names (imported now), or ``target`` itself when it is no string."""
+    if not isinstance(target, str):
+        return target
+    module, attr = split_dotted(target)
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 E = TypeVar("E", bound=Entry)
@@ -131,40 +136,43 @@ class Table(Generic[E]):
         """The entry of ``value`` when it is known without importing user code (built-in or registered)."""
         return self._builtins.get(value)
 
-    def get(self, value: str) -> E:
+    def get(self, value: str, *, key: str | None = None) -> E:
         """The entry a config value selects: a name (built-in, registered, entry point) or a dotted path.
+
+        ``key`` names the config key in messages when it is not the table's own (``algorithm.kl_loss_type``).
 
         Raises:
             ValueError: one line naming ``key``, the value and the fix (unknown name, import error, not allowed
                 by the operator's list, an object that is neither an entry nor a callable).
         """
+        key = key or self.key
         if value in self._builtins:
             return self._builtins[value]
         if is_dotted(value):
-            obj = import_dotted(value, what=f"{self.key}: {self.what}", example="package.module:attribute")
-            return self._entry_of(value, obj)
+            obj = import_dotted(value, what=f"{key}: {self.what}", example="package.module:attribute")
+            return self._entry_of(value, obj, key)
         found = list(entry_points(group=self.group, name=value))
         if found:
             try:
                 obj = found[0].load()
             except Exception as err:  # an installed plug-in's import failure is the plug-in's, one line
                 raise ValueError(
-                    f"{self.key}={value!r}: the entry point {found[0].value!r} in group {self.group} does not "
+                    f"{key}={value!r}: the entry point {found[0].value!r} in group {self.group} does not "
                     f"import ({type(err).__name__}: {err}); fix or reinstall the package that registers it"
                 ) from err
-            return self._entry_of(value, obj)
+            return self._entry_of(value, obj, key)
         raise ValueError(
-            f"{self.key}={value!r} is not a registered {self.what}; set one of {self.names()} or a dotted path "
+            f"{key}={value!r} is not a registered {self.what}; set one of {self.names()} or a dotted path "
             "'package.module:attribute'"
         )
 
-    def _entry_of(self, value: str, obj: Any) -> E:
+    def _entry_of(self, value: str, obj: Any, key: str) -> E:
         if isinstance(obj, self.entry_type):
             return obj
         if self._from_callable is not None and callable(obj):
             return self._from_callable(value, obj)
         kind = f"a {self.entry_type.__name__}" + (" or a function" if self._from_callable else "")
-        raise ValueError(f"{self.key}={value!r} names a {type(obj).__name__}, not {kind}; point it at {kind}")
+        raise ValueError(f"{key}={value!r} names a {type(obj).__name__}, not {kind}; point it at {kind}")
 
     def schema_extra(self) -> Callable[[dict[str, Any]], None]:
         """A pydantic ``json_schema_extra`` that lists the names selectable now (entry points included)."""

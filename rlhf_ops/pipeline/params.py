@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from rlhf_ops.config.loader import list_presets
-from rlhf_ops.config.schema import AdvEstimator
+from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS, choice_check
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.promotion import PER_PROMPT_COLUMNS, PromotionSpec
 
@@ -99,8 +99,11 @@ class PipelineParams(BaseModel):
         description="prepare_data fails when a larger share of rows is rejected.",
         json_schema_extra=_in(DATA),
     )
-    algorithm: AdvEstimator | None = Field(
-        None, description="Advantage estimator; empty: the preset's.", json_schema_extra=_in(TRAIN)
+    # The form lists the estimators registered when the DAG is parsed (a dotted path goes in the overrides).
+    algorithm: Annotated[str, choice_check(ADVANTAGE_ESTIMATORS)] | None = Field(
+        None,
+        description="Advantage estimator; empty: the preset's.",
+        json_schema_extra=_in(TRAIN, enum=ADVANTAGE_ESTIMATORS.names()),
     )
     total_training_steps: int | None = Field(
         None, ge=1, description="Stop after this many steps; empty: the preset's.", json_schema_extra=_in(TRAIN)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_ops.config import ConfigError, RunConfig, build_config, load_config, total_training_steps
+from rlhf_ops.config.extension_rules import engine_package_problems, extension_problems
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.override_policy import OverridePolicy
 from rlhf_ops.pipeline.params import PipelineParams, param_overrides, run_overrides, train_entrypoint
@@ -87,6 +88,7 @@ def preflight_problems(
             tokenizer_key, model.tokenizer_path or model.path, chat_prompts=chat_prompts, notes=notes
         )
     problems += check_reward_fn(config.reward.reward_fn)
+    problems += extension_problems(config, strict=True)  # user entries import; engines' packages are installed
     problems += check_multi_turn(config.rollout.multi_turn)
     if trainer.remote_store_url:
         probe = remote_probe_dir or "/".join(
@@ -137,6 +139,9 @@ def checked_config(config: RunConfig) -> RunConfig:
         data["trainer"]["resume_mode"] = resume
         config = build_config(data)  # validated like any other value
     raise_if_problems(config)
+    missing = engine_package_problems(config)  # the job's own check: the engine runs here, not on Airflow's side
+    if missing:
+        raise PreflightError(missing)
     return config
 
 

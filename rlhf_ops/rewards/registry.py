@@ -18,26 +18,12 @@ import inspect
 from typing import cast
 
 from rlhf_ops.code_policy import import_dotted
-from rlhf_ops.rewards.default import default_compute_score, format_score
+from rlhf_ops.extensions.rewards import REWARD_FUNCTIONS
 from rlhf_ops.rewards.fn import RewardFn
-from rlhf_ops.rewards.gsm8k import gsm8k_flexible_score, gsm8k_score
 from rlhf_ops.rewards.length import OverlongPenalty
-from rlhf_ops.rewards.math_answer import math_score
-from rlhf_ops.rewards.multiple_choice import multiple_choice_score
-from rlhf_ops.rewards.toy import add_digits_score, color_name_score, copy_digit_score, toy_compute_score
 
-BUILTIN_REWARD_FNS: dict[str, RewardFn] = {
-    "default": default_compute_score,
-    "gsm8k": gsm8k_score,
-    "gsm8k_flexible": gsm8k_flexible_score,
-    "math": math_score,
-    "multiple_choice": multiple_choice_score,
-    "format": format_score,
-    "toy": toy_compute_score,
-    "copy_digit": copy_digit_score,
-    "add_digits": add_digits_score,
-    "color_name": color_name_score,
-}
+# The built-in entries of the table (rlhf_ops.extensions.REWARD_FUNCTIONS), name -> function.
+BUILTIN_REWARD_FNS: dict[str, RewardFn] = {entry.name: entry.load() for entry in REWARD_FUNCTIONS}
 
 
 def load_reward_fn(spec: str) -> RewardFn:
@@ -57,6 +43,8 @@ def load_reward_fn(spec: str) -> RewardFn:
     """
     if spec in BUILTIN_REWARD_FNS:
         return BUILTIN_REWARD_FNS[spec]
+    if ":" not in spec and spec in REWARD_FUNCTIONS:  # registered, or an installed package's entry point
+        return cast(RewardFn, REWARD_FUNCTIONS.get(spec).load())
     obj = import_dotted(
         spec, what="reward function", example="package.module:function", builtins=sorted(BUILTIN_REWARD_FNS)
     )

@@ -82,8 +82,7 @@ def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
     optimizer step, so the update uses its own detached log-probs, as verl and TRL do), unless the KL
     penalty in the reward needs them before the update.
     """
-    on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
-    return algorithm.use_kl_in_reward or not on_policy
+    return algorithm.use_kl_in_reward or not plan.on_policy
 
 
 def _add_worker_timing(timer: StageTimer, out: DataProto) -> None:
@@ -145,7 +144,7 @@ class PPOTrainer:
             self.pipeline = OneStepOffPipeline(
                 actor_rollout_ref,
                 train_loader,
-                n=config.rollout.n,
+                n=plan.rollout_n,
                 sampling=self.sampling,
                 total_steps=self.total_steps,
             )
@@ -171,13 +170,13 @@ class PPOTrainer:
         if ADVANTAGE_ESTIMATORS.get(self.config.algorithm.adv_estimator).needs_greedy_baseline:
             with timer.stage("gen_max"):
                 baseline = self._greedy_baseline(prompts, step=step)
-        repeated = prompts.repeat(self.config.rollout.n, interleave=True)
+        repeated = prompts.repeat(self.plan.rollout_n, interleave=True)
         with timer.stage("gen"):
             out = self.actor_rollout_ref.generate_sequences(repeated, self.sampling(), step=step)
         _add_worker_timing(timer, out)
         batch = merge_generation(repeated, out, keys=gen_keys(out))
         if baseline is not None:
-            batch = with_keys(batch, {"reward_baselines": baseline.repeat_interleave(self.config.rollout.n)})
+            batch = with_keys(batch, {"reward_baselines": baseline.repeat_interleave(self.plan.rollout_n)})
         return batch
 
     def _greedy_baseline(self, prompts: DataProto, *, step: int | None) -> torch.Tensor:

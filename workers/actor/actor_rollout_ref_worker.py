@@ -22,6 +22,7 @@ from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.config.batch_plan import BatchPlan, require_optimizer_steps
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
+from rlhf_ops.extensions import ROLLOUT_ENGINES, RolloutEngineSpec
 from rlhf_ops.models.modality import media_token_ids
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable, rollout_logprobs_mode
@@ -38,7 +39,7 @@ from workers.fsdp.mesh import build_device_mesh, get_device, sp_process_groups
 from workers.fsdp.optim import build_lr_scheduler, build_optimizer, optimizer_offload
 from workers.fsdp.precision import flush_denormals
 from workers.fsdp.wrap import build_fsdp_model
-from workers.rollout.base import RolloutEngine
+from workers.rollout.base import EngineContext, RolloutEngine
 from workers.rollout.multi_turn import maybe_multi_turn
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
@@ -214,13 +215,30 @@ class ActorRolloutRefWorker(Worker):
         return require_optimizer_steps(self.spec.plan.actor, role="actor")
 
     def _build_rollout(self) -> RolloutEngine:
+        """The ``rollout.engine`` entry of the engine table, built from one :class:`EngineContext`.
+
+        An engine that holds its own copy of the weights (``weight_sync``) gets the sharding manager: it gathers
+        the FSDP shards bucket by bucket into the engine before each generation that follows an update (and
+        frees the KV cache after, on GPU), cast to the engine's dtype at the gather (fp32 masters into a bf16
+        engine move half the bytes). The agent loop wraps either when multi-turn is on.
+        """
         spec, r = self.spec, self.spec.rollout
         assert self.actor is not None
-        if r.engine == "vllm":
-            engine = self._build_vllm_engine()
-            # The engine holds its own copy of the weights: the manager gathers the FSDP shards bucket by
-            # bucket into it before each generation that follows an update (and frees KV cache after, on GPU).
-            # Cast to the engine's dtype at the gather: fp32 masters into a bf16 engine move half the bytes.
+        entry = ROLLOUT_ENGINES.get(r.engine)
+        context = EngineContext(
+            model_path=spec.model_path,
+            config=r,
+            pad_token_id=spec.pad_token_id,
+            eos_token_id=spec.eos_token_id,
+            seed=spec.seed + 1000 * self.rank,
+            device="cuda" if self.device.type == "cuda" else "cpu",
+            max_prompt_length=spec.plan.max_prompt_length,
+            logprobs_mode=rollout_logprobs_mode(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
+            module=self.actor.module,
+            suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
+        )
+        engine = self._build_engine(entry, context)
+        if entry.weight_sync:
             self.sharding_manager = FSDPShardingManager(
                 self.actor.module,
                 engine,
@@ -228,41 +246,12 @@ class ActorRolloutRefWorker(Worker):
                 device=self.device,
                 dtype=getattr(torch, r.dtype),
             )
-            return maybe_multi_turn(engine, r.multi_turn, tokenizer_path=spec.model_path)
-        from workers.rollout.hf_rollout import HFRollout
+        return maybe_multi_turn(engine, r.multi_turn, tokenizer_path=spec.model_path)
 
-        assert self.actor is not None
-        hf_engine = HFRollout(
-            self.actor.module,
-            pad_token_id=spec.pad_token_id,
-            eos_token_id=spec.eos_token_id,
-            response_length=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            logprobs_mode=rollout_logprobs_mode(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
-            seed=spec.seed + 1000 * self.rank,
-            suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
-        )
-        return maybe_multi_turn(hf_engine, r.multi_turn, tokenizer_path=spec.model_path)  # agent loop if enabled
-
-    def _build_vllm_engine(self) -> RolloutEngine:
-        """The in-process vLLM engine (``rollout.mode=sync``); the async worker builds an ``AsyncLLM`` instead."""
-        from workers.rollout.vllm_rollout import VLLMRollout
-
-        spec = self.spec
-        return VLLMRollout(
-            spec.model_path,
-            config=spec.rollout,
-            pad_token_id=spec.pad_token_id,
-            eos_token_id=spec.eos_token_id,
-            seed=spec.seed + 1000 * self.rank,
-            device="cuda" if self.device.type == "cuda" else "cpu",
-            max_prompt_length=spec.plan.max_prompt_length,
-            logprobs_mode=rollout_logprobs_mode(
-                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, top_k=spec.rollout.top_k
-            ),
-        )
+    def _build_engine(self, entry: RolloutEngineSpec, context: EngineContext) -> RolloutEngine:
+        """The entry's sync engine; :class:`AsyncActorRolloutRefWorker` builds its async one instead."""
+        engine: RolloutEngine = entry.load()(context)
+        return engine
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("generate")

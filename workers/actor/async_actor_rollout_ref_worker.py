@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlhf_ops.extensions import RolloutEngineSpec
 from rlhf_ops.protocol import DataProto
-from rlhf_ops.sampling import SamplingParams, rollout_logprobs_mode
+from rlhf_ops.sampling import SamplingParams
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
-from workers.rollout.base import RolloutEngine
+from workers.rollout.base import EngineContext, RolloutEngine
 from workers.single_controller.decorator import Dispatch, register
 from workers.utils.profiling import monitored
 
@@ -58,27 +59,16 @@ class AsyncActorRolloutRefWorker(ActorRolloutRefWorker):
 
     _prefetch: _Prefetch | None = None
 
-    def _build_vllm_engine(self) -> RolloutEngine:
-        from workers.rollout.async_vllm_rollout import AsyncVLLMRollout
-
+    def _build_engine(self, entry: RolloutEngineSpec, context: EngineContext) -> RolloutEngine:
+        """The entry's async engine (``async_target``): for vLLM an ``AsyncLLM``, its engine core in a process."""
         spec = self.spec
-        if spec.rollout.mode != "async" or spec.rollout.engine != "vllm":
+        if spec.rollout.mode != "async" or entry.async_target is None:
             raise ValueError(
-                f"AsyncActorRolloutRefWorker needs rollout.mode=async and rollout.engine=vllm (got "
+                f"AsyncActorRolloutRefWorker needs rollout.mode=async and an engine with an async mode (got "
                 f"mode={spec.rollout.mode}, engine={spec.rollout.engine}); use ActorRolloutRefWorker for sync."
             )
-        return AsyncVLLMRollout(
-            spec.model_path,
-            config=spec.rollout,
-            pad_token_id=spec.pad_token_id,
-            eos_token_id=spec.eos_token_id,
-            seed=spec.seed + 1000 * self.rank,
-            device="cuda" if self.device.type == "cuda" else "cpu",
-            max_prompt_length=spec.plan.max_prompt_length,
-            logprobs_mode=rollout_logprobs_mode(
-                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p, top_k=spec.rollout.top_k
-            ),
-        )
+        engine: RolloutEngine = entry.load_async()(context)
+        return engine
 
     # ------------------------------------------------------------------------------------------- prefetch
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -145,7 +145,7 @@ class DataParallelPPOActor:
         self._num_updates = 0
         self.last_update_tokens = 0
         """Valid tokens (attention mask) forwarded and backwarded by the last :meth:`update_policy` on this rank."""
-        self.on_policy = plan.ppo_epochs == 1 and plan.num_mini_batches == 1
+        self.on_policy = plan.on_policy
         """One epoch of one mini-batch: every forward of the update runs before its only optimizer step, so the
         update's own log-probs (detached) are the old log-probs and no separate old-log-prob pass is needed."""
         self._diff_max: Tensor | None = None

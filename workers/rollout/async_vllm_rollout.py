@@ -42,7 +42,7 @@ from typing import Any, Literal, TypeVar
 from torch import Tensor
 
 from rlhf_ops.config.schema import RolloutConfig
-from workers.rollout.base import LogprobsMode
+from workers.rollout.base import EngineContext, LogprobsMode
 from workers.rollout.vllm_rollout import VLLMRollout, _preserve_global_rng
 
 __all__ = ["AsyncVLLMRollout"]
@@ -252,3 +252,17 @@ class AsyncVLLMRollout(VLLMRollout):
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
+
+
+def build_engine(ctx: EngineContext) -> AsyncVLLMRollout:
+    """The ``vllm`` entry's async engine (``rollout.mode=async``): an ``AsyncLLM``, one request per sample."""
+    return AsyncVLLMRollout(
+        ctx.model_path,
+        config=ctx.config,
+        pad_token_id=ctx.pad_token_id,
+        eos_token_id=ctx.eos_token_id,
+        seed=ctx.seed,
+        device=ctx.device,
+        max_prompt_length=ctx.max_prompt_length,
+        logprobs_mode=ctx.logprobs_mode,
+    )

@@ -1,4 +1,4 @@
-"""The rollout engine contract shared by the HF engine and the vLLM engine.
+"""The rollout engine contract every engine follows (the Protocol: :class:`rlhf_ops.extensions.RolloutEngine`).
 
 Notation: B = prompts in the request, n = samples per prompt, P = prompt length (left-padded),
 R = ``response_length`` (responses are always padded to exactly R columns, as in verl), T = P + R.
@@ -29,17 +29,21 @@ mode when temperature != 1 and top-k / top-p are on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 from torch import Tensor
 
+from rlhf_ops.config.schema import RolloutConfig
+from rlhf_ops.extensions.rollout import RolloutEngine
 from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 
 __all__ = [
+    "EngineContext",
     "LogprobsMode",
     "RolloutEngine",
     "SamplingParams",
@@ -50,33 +54,34 @@ __all__ = [
 LogprobsMode = Literal["raw", "processed"]
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """Generates responses for a batch of prompts; the HF engine and the vLLM engine implement it."""
+@dataclass(frozen=True, kw_only=True)
+class EngineContext:
+    """What the actor worker hands an engine builder (the ``target`` / ``async_target`` of a
+    :data:`rlhf_ops.extensions.ROLLOUT_ENGINES` entry), so every engine is built by one call.
 
-    @property
-    def weights_released(self) -> bool:
-        """True while :meth:`release` has discarded the weights (vLLM on CPU): the next rollout needs
-        :meth:`update_weights` even if the policy did not change."""
-        ...
+    Attributes:
+        model_path: Local HF model directory (a separate engine loads its own copy from it).
+        config: The rollout section (sampling defaults, dtype, memory, multi-turn).
+        pad_token_id: Id written after EOS.
+        eos_token_id: Id(s) ending a response.
+        seed: The rank's engine seed (``trainer.seed + 1000 * rank``).
+        device: ``"cpu"`` or ``"cuda"``.
+        max_prompt_length: Longest prompt P (an engine sizes its context as P + ``max_new_tokens``).
+        logprobs_mode: Which log-probs the engine records (``workers.rollout.base``).
+        module: The actor's model; an in-process engine (HF) generates with it, a separate one ignores it.
+        suppress_token_ids: Ids never sampled (a vision-language model's image placeholder).
+    """
 
-    def generate_sequences(
-        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
-    ) -> DataProto:
-        """Samples responses; see the module docstring for the arguments, output keys and shapes."""
-        ...
-
-    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Loads new policy weights, given as (parameter name, full tensor) pairs in HF naming."""
-        ...
-
-    def release(self) -> None:
-        """Frees the engine's memory (weights, KV cache) between rollouts; a no-op where nothing is held."""
-        ...
-
-    def resume(self) -> None:
-        """Re-acquires what :meth:`release` freed, before the next rollout."""
-        ...
+    model_path: str
+    config: RolloutConfig
+    pad_token_id: int
+    eos_token_id: int | Sequence[int]
+    seed: int
+    device: Literal["cpu", "cuda"]
+    max_prompt_length: int
+    logprobs_mode: LogprobsMode
+    module: Any = None
+    suppress_token_ids: Sequence[int] = ()
 
 
 def build_rollout_output(

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
+from workers.rollout.base import EngineContext, LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
 from workers.rollout.sampling import sample_next_tokens
 
 
@@ -247,3 +247,20 @@ class HFRollout:
                 past_key_values=cache,
             )
         return responses, logprobs
+
+
+def build_engine(ctx: EngineContext) -> HFRollout:
+    """The ``hf`` entry of the engine table: generation on the actor's own module (no weight copy)."""
+    r = ctx.config
+    return HFRollout(
+        ctx.module,
+        pad_token_id=ctx.pad_token_id,
+        eos_token_id=ctx.eos_token_id,
+        response_length=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        logprobs_mode=ctx.logprobs_mode,
+        seed=ctx.seed,
+        suppress_token_ids=ctx.suppress_token_ids,
+    )

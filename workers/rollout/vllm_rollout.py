@@ -42,7 +42,7 @@ from torch import Tensor
 from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
-from workers.rollout.base import LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
+from workers.rollout.base import EngineContext, LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
 from workers.rollout.vllm_cpu_memory import release_cpu_engine_memory, restore_cpu_kv_cache
 
 if TYPE_CHECKING:
@@ -392,3 +392,17 @@ class VLLMRollout:
         rank = self._tp_group().rank_in_group
         start = sum(sizes[:rank]) * n
         return out[start : start + local_rows * n]
+
+
+def build_engine(ctx: EngineContext) -> VLLMRollout:
+    """The ``vllm`` entry of the engine table (``rollout.mode=sync``): an in-process ``vllm.LLM``."""
+    return VLLMRollout(
+        ctx.model_path,
+        config=ctx.config,
+        pad_token_id=ctx.pad_token_id,
+        eos_token_id=ctx.eos_token_id,
+        seed=ctx.seed,
+        device=ctx.device,
+        max_prompt_length=ctx.max_prompt_length,
+        logprobs_mode=ctx.logprobs_mode,
+    )
