@@ -21,14 +21,15 @@ log = logging.getLogger(__name__)
 EVAL_FILE = "eval.json"
 
 
-def find_checkpoint(step: int, layout: RunLayout) -> str | None:
+def find_checkpoint(step: int, layout: RunLayout, *, local: bool = True) -> str | None:
     """Path (local) or URL (remote) of committed checkpoint ``step``, or None while it is not committed.
 
-    The local folder wins when it is complete (nothing to download); else the remote store is asked.
+    The local folder wins when it is complete (nothing to download); else the remote store is asked. ``local``
+    False asks only the remote store (a caller that does not share the cluster's disk).
     """
-    local = Path(layout.local_run_dir) / step_dir_name(step)
-    if local.is_dir() and is_complete(local):
-        return str(local)
+    folder = Path(layout.local_run_dir) / step_dir_name(step)
+    if local and folder.is_dir() and is_complete(folder):
+        return str(folder)
     if layout.remote_run_url:
         from rlhf_ops.storage import open_store
 

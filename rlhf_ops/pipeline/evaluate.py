@@ -24,18 +24,19 @@ class CheckpointNeverCommitted(RuntimeError):
     """Training ended without committing the awaited checkpoint."""
 
 
-def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None) -> str | None:
+def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None, local: bool = True) -> str | None:
     """Where checkpoint ``step`` is, or None to keep waiting.
 
     Args:
         step: The awaited global step.
         layout: The run's layout.
         train_state: The Airflow state of the training task (``None`` before it was scheduled).
+        local: Look in the local run folder too (False: only the remote store, for a caller off the cluster).
 
     Raises:
         CheckpointNeverCommitted: training succeeded (or failed for good) and the checkpoint is not there.
     """
-    found = find_checkpoint(step, layout)
+    found = find_checkpoint(step, layout, local=local)
     if found is not None:
         return found
     if train_state in TRAIN_DONE_STATES or train_state in TRAIN_FAILED_STATES:
