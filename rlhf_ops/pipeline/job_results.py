@@ -27,7 +27,7 @@ from rlhf_ops.pipeline.job_requests import job_entry
 REQUEST_ENV = "RLHF_JOB_REQUEST"
 SUBMISSION_ENV = "RLHF_SUBMISSION_ID"  # set by RayJobOperator: the base id, the same on every try
 RETRY_INDEX_ENV = "RLHF_RETRY_INDEX"  # set by RayJobHook on a -retry<N> submission
-SHIPPED_MODULES_ENV = "RLHF_SHIPPED_MODULES"  # the top-level modules of the run's shipped code, checked at start
+SHIPPED_MODULES_ENV = "RLHF_SHIPPED_MODULES"  # the run's shipped top-level modules (rlhf_ops.code_policy reads it too)
 RESULT_TAG = "RLHF_JOB_RESULT"
 CLI_MODULE = "rlhf_ops.cli"
 

@@ -25,7 +25,7 @@ from rlhf_ops.pipeline.params import PipelineParams
 
 def _request(tmp_path: Path, *, remote: str | None = None, **params: object) -> PrepareDataRequest:
     run = RunRef(dag_id="d", run_id="manual__1", work_dir=str(tmp_path / "ray"), remote_store_url=remote)
-    return PrepareDataRequest(run=run, params=PipelineParams(**params).model_dump(mode="json"))  # type: ignore[arg-type]
+    return PrepareDataRequest(run=run, params=PipelineParams(**params).model_dump(mode="json"))
 
 
 def test_entrypoint_names_a_job_of_the_table() -> None:
