@@ -73,7 +73,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                         "conn_type": "aws",
                         "login": "testing",
                         "password": "testing",
-                        "extra": {"endpoint_url": moto.endpoint_url, "region_name": REGION},
+                        # Opt-in forwarding: the jobs get short-lived STS credentials (moto's), never these keys.
+                        "extra": {
+                            "endpoint_url": moto.endpoint_url,
+                            "region_name": REGION,
+                            "forward_credentials": True,
+                        },
                     }
                 ),
             }
