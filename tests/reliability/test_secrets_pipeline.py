@@ -90,7 +90,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                         "conn_type": "aws",
                         "login": AWS_KEY_ID,
                         "password": AWS_SECRET,
-                        "extra": {"endpoint_url": moto.endpoint_url, "region_name": REGION},
+                        # Opt-in forwarding: the jobs get STS session credentials, never these long-lived keys.
+                        "extra": {
+                            "endpoint_url": moto.endpoint_url,
+                            "region_name": REGION,
+                            "forward_credentials": True,
+                        },
                     }
                 ),
             }
