@@ -189,18 +189,18 @@ def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 def _pipeline_job(args: argparse.Namespace) -> int:
     from rlhf_ops.pipeline.jobs import run_job
 
-    return run_job(args.job, result_dir=args.result_dir)
+    return run_job(args.job)
 
 
 def _add_pipeline_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from rlhf_ops.pipeline.job_results import JOB_NAMES, REQUEST_ENV
+    from rlhf_ops.pipeline.job_requests import JOBS
+    from rlhf_ops.pipeline.job_results import REQUEST_ENV
 
     job = sub.add_parser(
         "pipeline-job",
-        help=f"run a pipeline task ({', '.join(JOB_NAMES)}) as a Ray job; request in ${REQUEST_ENV}",
+        help=f"run a pipeline task ({', '.join(JOBS)}) as a Ray job; request in ${REQUEST_ENV}",
     )
-    job.add_argument("job", choices=JOB_NAMES, help="the task: the same library call the Airflow task made")
-    job.add_argument("--result-dir", required=True, help="folder the result JSON goes to (<submission id>.json)")
+    job.add_argument("job", choices=sorted(JOBS), help="the job: its entry in rlhf_ops.pipeline.job_requests.JOBS")
     job.set_defaults(func=_pipeline_job)
 
 

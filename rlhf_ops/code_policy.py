@@ -9,7 +9,9 @@ are imported; built-ins are always allowed. The operator sets the allow-list, ne
   ``allowed_code_modules: [my_pkg, team_rewards.v2]``.
 
 Both are read where the code is imported (the Airflow worker's pre-flight and the Ray job), so set them on
-both (the images' environment or the same platform file). A prefix matches the module itself and its
+both (the images' environment or the same platform file). Code a pipeline ships with its run (``py_modules``
+under the spec's ``code``, governed by :mod:`rlhf_ops.pipeline.override_policy`) is allowed in that run's Ray jobs
+(``$RLHF_SHIPPED_MODULES``, set by the operator, never by the form). A prefix matches the module itself and its
 submodules: ``my_pkg`` allows ``my_pkg`` and ``my_pkg.rewards``, not ``my_pkg_evil``.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 import yaml
 
 ALLOWED_MODULES_ENV = "RLHF_ALLOWED_CODE_MODULES"
+SHIPPED_MODULES_ENV = "RLHF_SHIPPED_MODULES"  # set on a pipeline's Ray jobs by the provider's operator
 PLATFORM_CONFIG_ENV = "RLHF_PLATFORM_CONFIG"
 DEFAULT_PLATFORM_CONFIG = "/etc/rlhf-ops/platform.yaml"
 BUILTIN_PREFIXES = ("rlhf_ops",)
@@ -48,6 +51,8 @@ def _platform_file_prefixes() -> list[str]:
 def allowed_prefixes() -> tuple[str, ...]:
     """The built-in prefixes plus the operator's (``*`` allows any module)."""
     extra = [p for p in os.environ.get(ALLOWED_MODULES_ENV, "").split(",") if p.strip()]
+    # The modules a pipeline run ships (py_modules): its spec, or what the spec lets the form ship, allowed them.
+    extra += [p for p in os.environ.get(SHIPPED_MODULES_ENV, "").split(",") if p.strip()]
     extra += _platform_file_prefixes()
     return (*BUILTIN_PREFIXES, *dict.fromkeys(p.strip().rstrip(".") for p in extra))
 

@@ -336,36 +336,79 @@ def merge_env_vars(runtime_env: Mapping[str, Any] | None, env_vars: Mapping[str,
     return merged
 
 
-def _s3_env(conn: Connection) -> dict[str, str]:
-    extra = conn.extra_dejson
+FORWARD_EXTRA = "forward_credentials"  # an aws connection's extra: forward short-lived credentials to Ray jobs
+DEFAULT_FORWARD_SECONDS = 3600
+
+
+def _aws_hook(conn_id: str, client_type: str = "s3") -> Any:
+    """The Amazon provider's hook for ``conn_id``: every way the ``aws`` connection can authenticate (keys,
+    ``role_arn`` assume-role, web identity, profiles, the node's own role)."""
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    return AwsBaseHook(aws_conn_id=conn_id, client_type=client_type)
+
+
+def _aws_settings(hook: Any) -> dict[str, str]:
+    """The connection's non-secret settings as environment: S3 endpoint and region."""
+    config = hook.conn_config
     env: dict[str, str] = {}
-    key_id = conn.login or extra.get("aws_access_key_id")
-    secret = conn.password or extra.get("aws_secret_access_key")
-    token = extra.get("aws_session_token")
-    endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url")
-    region = extra.get("region_name") or extra.get("region")
-    if key_id:
-        env["AWS_ACCESS_KEY_ID"] = str(key_id)
-    if secret:
-        env["AWS_SECRET_ACCESS_KEY"] = str(secret)
-    if token:
-        env["AWS_SESSION_TOKEN"] = str(token)
-    if endpoint:
+    if endpoint := config.get_service_endpoint_url("s3"):
         # botocore (>=1.31) and therefore s3fs read AWS_ENDPOINT_URL[_S3]; FSSPEC_S3_ENDPOINT_URL covers older s3fs.
         env.update({"AWS_ENDPOINT_URL": str(endpoint), "AWS_ENDPOINT_URL_S3": str(endpoint)})
         env["FSSPEC_S3_ENDPOINT_URL"] = str(endpoint)
-    if region:
+    if region := config.region_name:
         env.update({"AWS_DEFAULT_REGION": str(region), "AWS_REGION": str(region)})
     return env
 
 
-def _mlflow_env(conn: Connection) -> dict[str, str]:
+def _aws_worker_env(conn_id: str) -> dict[str, str]:
+    """This Airflow worker's own S3 access for the task's duration: the hook's resolved credentials."""
+    hook = _aws_hook(conn_id)
+    env = _aws_settings(hook)
+    creds = hook.get_credentials()
+    if creds is not None and creds.access_key:
+        env.update({"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key})
+        if creds.token:
+            env["AWS_SESSION_TOKEN"] = creds.token
+    return env
+
+
+def short_lived_aws_env(conn_id: str, *, duration_s: int = DEFAULT_FORWARD_SECONDS) -> dict[str, str]:
+    """Temporary credentials for a Ray job, never the connection's long-lived keys.
+
+    Credentials that already are temporary (an assumed role, web identity, SSO: they carry a session token) are
+    forwarded with their expiry; long-lived keys are exchanged for an STS session token of ``duration_s``.
+    """
+    hook = _aws_hook(conn_id, client_type="sts")
+    env = _aws_settings(hook)
+    session_creds = hook.get_session().get_credentials()
+    frozen = session_creds.get_frozen_credentials() if session_creds is not None else None
+    if frozen is None or not frozen.access_key:
+        raise ValueError(f"aws connection {conn_id!r} resolves to no credentials; nothing to forward")
+    if frozen.token:
+        key, secret, token = frozen.access_key, frozen.secret_key, frozen.token
+        expiry = getattr(session_creds, "_expiry_time", None)
+    else:
+        issued = hook.get_conn().get_session_token(DurationSeconds=duration_s)["Credentials"]
+        key, secret, token = issued["AccessKeyId"], issued["SecretAccessKey"], issued["SessionToken"]
+        expiry = issued.get("Expiration")
+    env.update({"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_SESSION_TOKEN": token})
+    if expiry is not None:
+        env["AWS_CREDENTIAL_EXPIRATION"] = expiry.isoformat() if hasattr(expiry, "isoformat") else str(expiry)
+    return env
+
+
+def _mlflow_uri(conn: Connection) -> str:
     if not conn.host:
         raise ValueError(f"MLflow connection {conn.conn_id!r} has no host; set it to the tracking server URL")
     uri = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"
     if conn.port and urlsplit(uri).port is None:
         uri = f"{uri.rstrip('/')}:{conn.port}"
-    env = {"MLFLOW_TRACKING_URI": uri.rstrip("/")}
+    return uri.rstrip("/")
+
+
+def _mlflow_worker_env(conn: Connection) -> dict[str, str]:
+    env = {"MLFLOW_TRACKING_URI": _mlflow_uri(conn)}
     if conn.login:
         env["MLFLOW_TRACKING_USERNAME"] = conn.login
     if conn.password:
@@ -378,25 +421,59 @@ def _mlflow_env(conn: Connection) -> dict[str, str]:
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 
 
-def job_env_from_connections(*, s3_conn_id: str | None = None, mlflow_conn_id: str | None = None) -> dict[str, str]:
-    """Environment variables for a Ray job built from Airflow connections.
-
-    * ``s3_conn_id`` (type ``aws``): login/password → ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
-      (or extra ``aws_access_key_id`` / ``aws_secret_access_key``), extra ``aws_session_token``, extra
-      ``endpoint_url`` → ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``, ``FSSPEC_S3_ENDPOINT_URL``, extra
-      ``region_name`` (or ``region``) → ``AWS_DEFAULT_REGION`` / ``AWS_REGION``.
-    * ``mlflow_conn_id`` (type ``http``): host[:port] → ``MLFLOW_TRACKING_URI``, login/password →
-      ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, extra ``token`` → ``MLFLOW_TRACKING_TOKEN``.
-
-    Secret values are registered with Airflow's secrets masker, so they are redacted if anything logs them.
-    The result belongs only in the job's ``runtime_env``: never log it, push it to XCom or put it in params.
-    """
-    env: dict[str, str] = {}
-    if s3_conn_id:
-        env.update(_s3_env(BaseHook.get_connection(s3_conn_id)))
-    if mlflow_conn_id:
-        env.update(_mlflow_env(BaseHook.get_connection(mlflow_conn_id)))
+def _mask(env: Mapping[str, str]) -> None:
     for name in _SECRET_ENV:
         if env.get(name):
             mask_secret(env[name], name)
+
+
+def worker_env_from_connections(*, s3_conn_id: str | None = None, mlflow_conn_id: str | None = None) -> dict[str, str]:
+    """This Airflow worker's own environment for the remote store and MLflow, for one task's duration.
+
+    * ``s3_conn_id`` (type ``aws``): the Amazon provider's hook resolves the credentials (keys, ``role_arn``,
+      web identity, a profile, or none: the worker's own identity) → ``AWS_ACCESS_KEY_ID`` /
+      ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``; extra ``endpoint_url`` → ``AWS_ENDPOINT_URL[_S3]``,
+      ``region_name`` → ``AWS_DEFAULT_REGION``.
+    * ``mlflow_conn_id`` (type ``http``): host[:port] → ``MLFLOW_TRACKING_URI``, login/password →
+      ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, extra ``token`` → ``MLFLOW_TRACKING_TOKEN``.
+
+    Secret values are registered with Airflow's secrets masker. Never pass the result to a Ray job
+    (:func:`job_env_from_connections` is what a job gets).
+    """
+    env: dict[str, str] = {}
+    if s3_conn_id:
+        env.update(_aws_worker_env(s3_conn_id))
+    if mlflow_conn_id:
+        env.update(_mlflow_worker_env(BaseHook.get_connection(mlflow_conn_id)))
+    _mask(env)
+    return env
+
+
+def job_env_from_connections(
+    *, s3_conn_id: str | None = None, mlflow_conn_id: str | None = None, forward_credentials: bool | None = None
+) -> dict[str, str]:
+    """What a Ray job's ``runtime_env`` gets from the connections: settings, and no secret by default.
+
+    Ray keeps a job's ``runtime_env`` in its job info, which anyone who can read the dashboard or
+    ``GET /api/jobs/`` sees, so a job runs with the cluster's own identity (the nodes' role, a mounted secret) and
+    receives only the S3 endpoint and region and the MLflow URL (without user or password). With
+    ``forward_credentials`` (the operator's argument; None: the ``aws`` connection's extra ``forward_credentials``)
+    it also receives short-lived S3 credentials (:func:`short_lived_aws_env`), never the connection's long-lived
+    keys. MLflow credentials are never forwarded.
+    """
+    env: dict[str, str] = {}
+    if s3_conn_id:
+        hook = _aws_hook(s3_conn_id)
+        env.update(_aws_settings(hook))
+        forward = forward_credentials
+        if forward is None:
+            forward = str(hook.conn_config.extra_dejson.get(FORWARD_EXTRA, "")).lower() in ("true", "1", "yes")
+        if forward:
+            env.update(short_lived_aws_env(s3_conn_id))
+    if mlflow_conn_id:
+        parts = urlsplit(_mlflow_uri(BaseHook.get_connection(mlflow_conn_id)))
+        netloc = parts.hostname or ""  # a user:password@ in the host stays on this side
+        netloc = f"{netloc}:{parts.port}" if parts.port else netloc
+        env["MLFLOW_TRACKING_URI"] = parts._replace(netloc=netloc).geturl()
+    _mask(env)
     return env

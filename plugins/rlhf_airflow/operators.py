@@ -20,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from requests import RequestException
 
-from rlhf_airflow.compat import AirflowException
+from rlhf_airflow.compat import AirflowException, AirflowFailException
 from rlhf_airflow.hooks import RayJobHook, job_env_from_connections
 from rlhf_airflow.links import (
     XCOM_DASHBOARD_URL,
@@ -70,8 +71,15 @@ class RayJobOperator(BaseOperator):
             every retry of the task instance finds the same job.
         runtime_env: Ray runtime env (templated).
         env_vars: Extra env vars for the driver (templated); merged over the connection-derived ones.
-        s3_conn_id: ``aws`` connection whose credentials/endpoint go into the job env.
-        mlflow_conn_id: ``http`` connection of the MLflow tracking server for the job env.
+        s3_conn_id: ``aws`` connection whose endpoint and region go into the job env (its credentials only with
+            ``forward_credentials``, and then only short-lived ones: ``rlhf_airflow.hooks.job_env_from_connections``).
+        mlflow_conn_id: ``http`` connection of the MLflow tracking server: its URL goes into the job env, never its
+            user, password or token (the job uses the cluster's own MLflow credentials).
+        forward_credentials: Forward short-lived S3 credentials (STS) to the job; None: the ``aws`` connection's
+            extra ``forward_credentials`` decides (default: nothing forwarded, the cluster's own identity).
+        code_policy: The DAG's override policy (``rlhf_ops.pipeline.override_policy``): when given, the spec's
+            code and what the form's ``code`` parameter may add ship with the job (``runtime_env``
+            ``working_dir`` / ``py_modules`` / ``pip``).
         deferrable: Wait in the triggerer (True) or by polling in the worker (False).
         poll_interval: Seconds between status polls.
         wait_for_completion: False returns right after submission (the id is the return value).
@@ -98,6 +106,8 @@ class RayJobOperator(BaseOperator):
         env_vars: dict[str, str] | None = None,
         s3_conn_id: str | None = None,
         mlflow_conn_id: str | None = None,
+        forward_credentials: bool | None = None,
+        code_policy: Mapping[str, Any] | None = None,
         deferrable: bool = True,
         poll_interval: float = 5,
         wait_for_completion: bool = True,
@@ -116,6 +126,8 @@ class RayJobOperator(BaseOperator):
         self.env_vars = env_vars
         self.s3_conn_id = s3_conn_id
         self.mlflow_conn_id = mlflow_conn_id
+        self.forward_credentials = forward_credentials
+        self.code_policy = None if code_policy is None else dict(code_policy)
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.wait_for_completion = wait_for_completion
@@ -155,7 +167,13 @@ class RayJobOperator(BaseOperator):
     def submit_job(self, context: Context | Mapping[str, Any]) -> str:
         """Build the env and submit (or re-attach to) the job; returns the submission id that owns it."""
         base_id = self.resolve_submission_id(context)
-        env = job_env_from_connections(s3_conn_id=self.s3_conn_id, mlflow_conn_id=self.mlflow_conn_id)
+        env = job_env_from_connections(
+            s3_conn_id=self.s3_conn_id,
+            mlflow_conn_id=self.mlflow_conn_id,
+            forward_credentials=self.forward_credentials,
+        )
+        runtime_env, shipped = self.shipped_runtime_env(context)
+        env.update(shipped)
         env.update(self.env_vars or {})
         env[SUBMISSION_ENV_VAR] = base_id  # stable across retries: the entrypoint keys its run folder on it
         ti = context.get("ti")
@@ -165,17 +183,48 @@ class RayJobOperator(BaseOperator):
             "airflow_task_id": str(getattr(ti, "task_id", self.task_id)),
             "airflow_try_number": str(getattr(ti, "try_number", "")),
         }
-        self._active_submission_id = self.hook.submit(
-            self.entrypoint,
-            submission_id=base_id,
-            runtime_env=self.runtime_env,
-            env_vars=env,
-            metadata=metadata,
-            entrypoint_num_cpus=self.entrypoint_num_cpus,
-            entrypoint_num_gpus=self.entrypoint_num_gpus,
-            entrypoint_resources=self.entrypoint_resources,
-        )
+        try:
+            self._active_submission_id = self.hook.submit(
+                self.entrypoint,
+                submission_id=base_id,
+                runtime_env=runtime_env,
+                env_vars=env,
+                metadata=metadata,
+                entrypoint_num_cpus=self.entrypoint_num_cpus,
+                entrypoint_num_gpus=self.entrypoint_num_gpus,
+                entrypoint_resources=self.entrypoint_resources,
+            )
+        except (OSError, RequestException) as exc:  # connection refused, DNS, TLS: nothing was submitted
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise AirflowException(
+                f"Ray job server {self.hook.dashboard_address} does not answer ({first}); check the host and port of "
+                f"the {self.ray_conn_id!r} connection (or params.ray_address) and that the Ray head is up"
+            ) from None
         return self._active_submission_id
+
+    def shipped_runtime_env(
+        self, context: Context | Mapping[str, Any]
+    ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """``runtime_env`` with the run's shipped code, and the env naming its modules (checked at job start).
+
+        Raises:
+            AirflowFailException: the form's ``code`` ships something the policy does not allow (one line).
+        """
+        if self.code_policy is None:
+            return self.runtime_env, {}
+        from rlhf_ops.pipeline.job_results import SHIPPED_MODULES_ENV
+        from rlhf_ops.pipeline.override_policy import OverridePolicy
+
+        params = context.get("params") or {}
+        try:
+            code = OverridePolicy.from_dict(self.code_policy).shipped_code(params.get("code"))
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+        fields = code.runtime_env()
+        if not fields:
+            return self.runtime_env, {}
+        names = code.module_names()
+        return {**(self.runtime_env or {}), **fields}, ({SHIPPED_MODULES_ENV: ",".join(names)} if names else {})
 
     def execute(self, context: Context) -> str | None:
         """Submit or re-attach, publish the job's id and URL, then defer (or poll) until it ends."""

@@ -21,14 +21,15 @@ log = logging.getLogger(__name__)
 EVAL_FILE = "eval.json"
 
 
-def find_checkpoint(step: int, layout: RunLayout) -> str | None:
+def find_checkpoint(step: int, layout: RunLayout, *, local: bool = True) -> str | None:
     """Path (local) or URL (remote) of committed checkpoint ``step``, or None while it is not committed.
 
-    The local folder wins when it is complete (nothing to download); else the remote store is asked.
+    The local folder wins when it is complete (nothing to download); else the remote store is asked. ``local``
+    False asks only the remote store (a caller that does not share the cluster's disk).
     """
-    local = Path(layout.local_run_dir) / step_dir_name(step)
-    if local.is_dir() and is_complete(local):
-        return str(local)
+    folder = Path(layout.local_run_dir) / step_dir_name(step)
+    if local and folder.is_dir() and is_complete(folder):
+        return str(folder)
     if layout.remote_run_url:
         from rlhf_ops.storage import open_store
 
@@ -134,18 +135,19 @@ class CheckpointNeverCommitted(RuntimeError):
     """Training ended without committing the awaited checkpoint."""
 
 
-def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None) -> str | None:
+def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None, local: bool = True) -> str | None:
     """Where checkpoint ``step`` is, or None to keep waiting.
 
     Args:
         step: The awaited global step.
         layout: The run's layout.
         train_state: The Airflow state of the training task (``None`` before it was scheduled).
+        local: Look in the local run folder too (False: only the remote store, for a caller off the cluster).
 
     Raises:
         CheckpointNeverCommitted: training succeeded (or failed for good) and the checkpoint is not there.
     """
-    found = find_checkpoint(step, layout)
+    found = find_checkpoint(step, layout, local=local)
     if found is not None:
         return found
     if train_state in TRAIN_DONE_STATES or train_state in TRAIN_FAILED_STATES:

@@ -1,6 +1,6 @@
 """Where one pipeline run keeps its files, derived from the Airflow run id so that every retry finds them.
 
-Under the shared work folder (a path every Airflow worker and Ray node can read, e.g. ``/shared/rlhf``)::
+Under the Ray cluster's work folder (e.g. ``/data/rlhf`` on each node, or a cluster volume)::
 
     data/<dag_id>/<run_key>/                   prepare_data's train.parquet, val.parquet, rejected.jsonl, manifest
     checkpoints/<dag_id>/<run_key>/            the trainer's run folder (trainer.checkpoint_root/experiment/run)
@@ -9,9 +9,14 @@ Under the shared work folder (a path every Airflow worker and Ray node can read,
         metrics.jsonl                          the trainer's JSONL metrics
     models/<registered name>/v<version>/       a champion downloaded for a warm start
     cache/<dag_id>/<run_key>/                  checkpoints downloaded from the remote store
-    jobs/<dag_id>/<run_key>/<submission>.json  the result of each heavy task's Ray job (rlhf_ops.pipeline.jobs)
 
-and, when ``remote_store_url`` is set, ``<remote_store_url>/<dag_id>/<run_key>/global_step_<N>/``.
+and, when ``remote_store_url`` is set, ``<remote_store_url>/<dag_id>/<run_key>/global_step_<N>/`` and
+``.../jobs/<submission id>.json`` (each heavy job's result, :mod:`rlhf_ops.pipeline.job_results`).
+
+The work folder is the Ray cluster's: the heavy jobs resolve it on their side (``params.work_dir`` or the Ray
+node's ``$RLHF_WORK_DIR``) and Airflow workers never read it, so the two share no disk when the run has a remote
+store (the checkpoints' sensor and the results go through it). Without one, the sensor looks at the work folder and
+the work folder must be shared (the all-in-one stack).
 
 ``run_key`` turns an Airflow run id (``manual__2026-11-29T10:00:00.123+00:00``) into a folder name that every
 store accepts (no ``:`` or ``+``, which HDFS and some S3 tools reject), with a digest so that two run ids
@@ -54,8 +59,8 @@ def resolve_work_dir(work_dir: str | None) -> Path:
     value = work_dir or os.environ.get(WORK_DIR_ENV)
     if not value:
         raise ValueError(
-            f"work_dir is not set: pass params.work_dir or set ${WORK_DIR_ENV} on the Airflow workers to a folder "
-            "that every Airflow worker and Ray node can read and write (e.g. a shared volume)"
+            f"work_dir is not set: pass params.work_dir or set ${WORK_DIR_ENV} on the Ray nodes to a folder the "
+            "pipeline's jobs can write"
         )
     return Path(value).expanduser().absolute()
 
@@ -114,11 +119,6 @@ class RunLayout:
     def export_dir(self, step: int) -> Path:
         """Where the HF export of ``global_step_<step>`` goes."""
         return Path(self.local_run_dir) / "exports" / f"global_step_{step}"
-
-    @property
-    def jobs_dir(self) -> str:
-        """Where the heavy tasks' Ray jobs write their results (``rlhf_ops.pipeline.jobs``)."""
-        return str(Path(self.work_dir) / "jobs" / self.dag_id / self.run_key)
 
     @property
     def checkpoint_url(self) -> str:

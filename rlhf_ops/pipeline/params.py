@@ -152,6 +152,12 @@ class PipelineParams(BaseModel):
         description="Shared folder for data, checkpoints and exports; empty: $RLHF_WORK_DIR.",
         json_schema_extra=_in(STORE),
     )
+    code: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Code shipped with the run (Ray runtime_env): {working_dir, py_modules: [...], pip: [...]}; "
+        "only what the spec's allowed_code allows.",
+        json_schema_extra=_in(STORE),
+    )
     keep_last: int = Field(
         2,
         ge=0,

@@ -26,7 +26,7 @@ def mlflow_run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
-def _read_json(url: str) -> dict[str, Any]:
+def read_json(url: str) -> dict[str, Any]:
     from rlhf_ops.storage import open_store
 
     fs, path = open_store(url)
@@ -37,7 +37,7 @@ def _read_json(url: str) -> dict[str, Any]:
     return data
 
 
-def _read_jsonl_head(url: str, limit: int) -> list[dict[str, Any]]:
+def read_jsonl_head(url: str, limit: int) -> list[dict[str, Any]]:
     from rlhf_ops.storage import open_store
 
     fs, path = open_store(url)
@@ -125,7 +125,9 @@ def start_tracking(
         run_name=run_name_for(preset, algorithm, run_date, key=run_key(dag_run_id).rsplit("-", 1)[-1]),
         tags=tags,
     )
-    manifest = _read_json(str(prepared["manifest_url"])) if prepared.get("manifest_url") else {}
+    manifest = prepared.get("manifest")  # the prepare_data job's own copy: its folder may not be readable here
+    if manifest is None:
+        manifest = read_json(str(prepared["manifest_url"])) if prepared.get("manifest_url") else {}
     fields = compare_fields(config, preset=preset, dag_id=dag_id, dag_run_id=dag_run_id, manifest=manifest)
     logger = MlflowLogger(run_id, tracking_uri=tracking_uri, log_system_metrics=False)
     try:
@@ -135,8 +137,10 @@ def start_tracking(
         log_resolved_config(logger, config)
         if manifest:
             log_data_manifest(logger, manifest)
-        if prepared.get("rejected_url"):
-            log_rejected_sample(logger, _read_jsonl_head(str(prepared["rejected_url"]), MAX_REJECTED_SAMPLE))
+        if "rejected_sample" in prepared:
+            log_rejected_sample(logger, list(prepared["rejected_sample"])[:MAX_REJECTED_SAMPLE])
+        elif prepared.get("rejected_url"):
+            log_rejected_sample(logger, read_jsonl_head(str(prepared["rejected_url"]), MAX_REJECTED_SAMPLE))
     finally:
         logger.close()
     client = MlflowClient(tracking_uri=tracking_uri)

@@ -117,7 +117,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     dags = root / "dags"
     shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "ray").mkdir()
-    saved = {k: os.environ.get(k) for k in ("PATH", "MLFLOW_DISABLE_TELEMETRY")}
+    saved = {k: os.environ.get(k) for k in ("PATH", "MLFLOW_DISABLE_TELEMETRY", "RLHF_WORK_DIR")}
+    os.environ["RLHF_WORK_DIR"] = str(root / "work")  # the cluster's work folder: the heavy jobs resolve it there
     # The Ray job's entrypoint runs `python -m ...`: the head must find this virtualenv's interpreter first.
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"

@@ -47,7 +47,20 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     token = secrets.token_hex(16)
     with running_moto_server() as moto, mlflow_server(root=tmp_path_factory.mktemp("mlflow")) as tracking_uri:
         moto.create_bucket(BUCKET)
-        head = start_ray_head(tmp_path_factory.mktemp("ray"), auth_token=token, num_cpus=2)
+        # The cluster's own identity and work folder (nothing is forwarded from the connections): what the nodes'
+        # role or a mounted secret gives a real cluster. The Airflow side gets a work folder of its own, unused.
+        cluster = {
+            "AWS_ACCESS_KEY_ID": "cluster-key",
+            "AWS_SECRET_ACCESS_KEY": "cluster-secret",
+            "RLHF_WORK_DIR": str(tmp_path_factory.mktemp("ray_work")),
+        }
+        os.environ.update(cluster)
+        try:
+            head = start_ray_head(tmp_path_factory.mktemp("ray"), auth_token=token, num_cpus=2)
+        finally:
+            for name in cluster:
+                os.environ.pop(name)
+        os.environ["RLHF_WORK_DIR"] = str(tmp_path_factory.mktemp("airflow_work"))
         port = int(head.url.rsplit(":", 1)[1])
         os.environ.update(
             {
@@ -60,7 +73,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                         "conn_type": "aws",
                         "login": "testing",
                         "password": "testing",
-                        "extra": {"endpoint_url": moto.endpoint_url, "region_name": REGION},
+                        # Opt-in forwarding: the jobs get short-lived STS credentials (moto's), never these keys.
+                        "extra": {
+                            "endpoint_url": moto.endpoint_url,
+                            "region_name": REGION,
+                            "forward_credentials": True,
+                        },
                     }
                 ),
             }
@@ -85,7 +103,6 @@ def pipeline_run(services: dict[str, Any], tmp_path_factory: pytest.TempPathFact
     assert not bag.import_errors
     conf = {
         "preset": "tiny-cpu",
-        "work_dir": str(tmp_path_factory.mktemp("work")),
         "remote_store_url": f"s3://{BUCKET}/runs",
         "ray_address": services["dashboard"],
         "total_training_steps": STEPS,
@@ -177,14 +194,22 @@ def test_heavy_tasks_ran_as_ray_jobs_and_the_airflow_side_imported_no_torch(
     jobs = {j.submission_id: j for j in client.list_jobs() if (j.metadata or {}).get("airflow_run_id") == run_id}
     heavy = {
         ("prepare_data", -1): "prepare_data",
+        ("preflight", -1): "preflight",
         ("evaluate.evaluate_checkpoint", 0): "evaluate",
         ("evaluate.evaluate_checkpoint", 1): "evaluate",
+        ("sync_and_retain", -1): "retain",
         ("register_model", -1): "register",
     }
+    layout = pipeline_run["xcom"]("preflight", "layout")
+    results = {o["Key"] for o in _list(services["s3"], f"{_prefix(layout)}/jobs")}
     for (task_id, index), job in heavy.items():
         sid = derive_submission_id(dag_id="rlhf_ppo", run_id=run_id, task_id=task_id, map_index=index)
         assert jobs[sid].status == "SUCCEEDED" and f"pipeline-job {job}" in jobs[sid].entrypoint, sid
+        assert f"{_prefix(layout)}/jobs/{sid}.json" in results  # the result came back through the remote store
     assert len(jobs) == len(heavy) + 1  # and train; no retries
+    # The jobs worked in the cluster's folder; the Airflow side's own stayed empty (they share no disk).
+    assert not layout["work_dir"].startswith(os.environ["RLHF_WORK_DIR"])
+    assert not any(Path(os.environ["RLHF_WORK_DIR"]).iterdir())
     before, after = pipeline_run["heavy_modules"]
     if before:
         pytest.skip(f"an earlier test of this session imported {before}; run this module on its own")

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from rlhf_ops.pipeline.job_results import read_result
 from rlhf_ops.pipeline.jobs import run_job
-from rlhf_ops.pipeline.layout import RunLayout, run_key
+from rlhf_ops.pipeline.layout import run_key
 from rlhf_ops.pipeline.register import download_champion
 from rlhf_ops.pipeline.tracking import end_tracking, start_tracking
 from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
@@ -121,13 +121,18 @@ def test_fetch_champion_job_downloads_the_champion_into_the_work_folder_and_writ
     tracking_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # as RayTaskJobOperator passes mlflow_default
-    layout = RunLayout.for_run(dag_id="fetch_dag", run_id="manual__1", work_dir=str(tmp_path / "work"))
+    from rlhf_ops.pipeline.job_requests import FetchChampionRequest, RunRef
+
+    run = RunRef(
+        dag_id="fetch_dag", run_id="manual__1", work_dir=str(tmp_path / "work"), remote_store_url=tmp_path.as_uri()
+    )
+    layout = run.layout()
 
     def job(name: str, submission_id: str) -> dict[str, Any]:
-        request = {"registered_name": name, "layout": layout.to_dict()}
-        env = {"RLHF_SUBMISSION_ID": submission_id, "RLHF_JOB_REQUEST": json.dumps(request)}
-        code = run_job("fetch_champion", result_dir=layout.jobs_dir, environ=env)
-        result = read_result(layout.jobs_dir, submission_id)
+        request = FetchChampionRequest(run=run, registered_name=name)
+        env = {"RLHF_SUBMISSION_ID": submission_id, "RLHF_JOB_REQUEST": request.model_dump_json()}
+        code = run_job("fetch_champion", environ=env)
+        result = read_result(submission_id, remote_run_url=run.remote_run_url, logs=lambda: "")
         assert result is not None and code == (0 if result["status"] == "ok" else 2), (code, result)
         return result
 

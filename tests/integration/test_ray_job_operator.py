@@ -11,6 +11,7 @@ from tests.support.airflow_env import configure_airflow_env, migrate_airflow_db
 configure_airflow_env()  # before anything imports airflow
 
 import asyncio  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import secrets  # noqa: E402
@@ -38,7 +39,12 @@ def _submission_ids(hook: RayJobHook) -> list[str]:
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private Ray head; the ``ray_it`` connection points at it. Yields the dashboard URL."""
     token = secrets.token_hex(16)
-    head = start_ray_head(tmp_path_factory.mktemp("ray_head"), auth_token=token, num_cpus=1)
+    # The cluster's own work folder: the heavy jobs resolve it there; this (the Airflow) side never sees it.
+    os.environ["RLHF_WORK_DIR"] = str(tmp_path_factory.mktemp("ray_work"))
+    try:
+        head = start_ray_head(tmp_path_factory.mktemp("ray_head"), auth_token=token, num_cpus=1)
+    finally:
+        os.environ.pop("RLHF_WORK_DIR")
     dashboard_url, stop = head.url, head.stop
     port = int(dashboard_url.rsplit(":", 1)[1])
     env_key = f"AIRFLOW_CONN_{CONN_ID.upper()}"
@@ -275,39 +281,52 @@ class _TaskInstance:
         self.xcoms[key] = value
 
 
-def _prepare_job(tmp_path: Any, **params: Any) -> tuple[Any, dict[str, Any]]:
-    """A ``prepare_data`` heavy-task operator on ``params`` (polling in this process) and its task context."""
-    from rlhf_airflow.task_jobs import JobRequest, RayTaskJobOperator
-    from rlhf_ops.pipeline.layout import RunLayout
+def _prepare_job(
+    tmp_path: Any, *, code_policy: dict[str, Any] | None = None, **params: Any
+) -> tuple[Any, dict[str, Any]]:
+    """A ``prepare_data`` heavy-task operator on ``params`` (polling in this process) and its task context.
+
+    The request names the run only: the job resolves its folder on the cluster (the head's ``$RLHF_WORK_DIR``), and
+    the run has no remote store, so the result comes back as the job's tagged log line.
+    """
+    from rlhf_airflow.task_jobs import JobSpec, RayTaskJobOperator
+    from rlhf_ops.pipeline.job_requests import PrepareDataRequest, RunRef
     from rlhf_ops.pipeline.params import PipelineParams
 
     run_id = _unique("manual")
-    layout = RunLayout.for_run(dag_id="it_heavy", run_id=run_id, work_dir=str(tmp_path))
-    body = {"params": PipelineParams(**params).model_dump(mode="json"), "layout": layout.to_dict()}
+    body = PrepareDataRequest(
+        run=RunRef(dag_id="it_heavy", run_id=run_id), params=PipelineParams(**params).model_dump(mode="json")
+    )
     op = RayTaskJobOperator(
         task_id="prepare_data",
         job="prepare_data",
-        build_request=lambda request, context: JobRequest(request=body, result_dir=layout.jobs_dir),
+        build_request=lambda request, context: JobSpec(request=body),
         ray_conn_id=CONN_ID,
+        code_policy=code_policy,
         deferrable=False,
         poll_interval=0.5,
     )
-    return op, {"ti": _TaskInstance(dag_id="it_heavy", run_id=run_id, task_id="prepare_data")}
+    return op, {"ti": _TaskInstance(dag_id="it_heavy", run_id=run_id, task_id="prepare_data"), "params": {}}
 
 
-def test_heavy_task_job_returns_its_result_file_and_a_retry_reattaches(ray_head: str, tmp_path: Any) -> None:
+def test_heavy_task_job_returns_its_result_through_the_jobs_api_and_a_retry_reattaches(
+    ray_head: str, tmp_path: Any
+) -> None:
     hook = RayJobHook(CONN_ID)
     op, context = _prepare_job(tmp_path, dataset_url="builtin:copy_digit", val_fraction=0.25)
-    prepared = op.execute(context)  # type: ignore[arg-type]  # a real Ray job: tokenizer, split, Parquet files
+    prepared = op.execute(context)  # a real Ray job: tokenizer, split, Parquet files
     submission_id = context["ti"].xcoms["ray_submission_id"]
     assert submission_id == derive_submission_id(
         dag_id="it_heavy", run_id=context["ti"].run_id, task_id="prepare_data"
     )
     assert prepared["num_train"] > 0 and prepared["train_url"].endswith("train.parquet")
+    assert prepared["manifest"]["counts"]  # the manifest travels with the result: start_tracking reads no folder
+    assert str(tmp_path) not in prepared["train_url"]  # written in the cluster's folder, not this side's
     assert "pipeline-job prepare_data" in hook.info(submission_id).entrypoint
+    assert f"RLHF_JOB_RESULT {submission_id} " in hook.logs(submission_id)
     # A retry of the task instance finds the finished job: nothing is submitted, the same result comes back.
     jobs = _submission_ids(hook)
-    assert op.execute(context) == prepared  # type: ignore[arg-type]
+    assert op.execute(context) == prepared
     assert _submission_ids(hook) == jobs
 
 
@@ -316,17 +335,104 @@ def test_heavy_task_job_user_mistake_fails_at_once_and_a_retry_reads_its_own_res
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from rlhf_ops.pipeline.job_results import read_result
+    from rlhf_ops.pipeline.job_results import result_from_logs
 
-    # A form override that the pipeline refuses: the job exits 2 with a non-retryable error in its result file.
+    # A form override that the pipeline refuses: the job exits 2 with a non-retryable error as its result.
     op, context = _prepare_job(tmp_path, overrides=["data.train_files=[/etc/passwd]"])
     message = "'data.train_files' may not be set from this pipeline's trigger form"
     with pytest.raises(AirflowFailException, match=message):
-        op.execute(context)  # type: ignore[arg-type]
+        op.execute(context)
     base = context["ti"].xcoms["ray_submission_id"]
-    # Cleared by a user: the failed job is not re-attached; -retry1 runs and writes its own result file.
+    # Cleared by a user: the failed job is not re-attached; -retry1 runs and leaves its own result.
     with pytest.raises(AirflowFailException, match=message):
-        op.execute(context)  # type: ignore[arg-type]
+        op.execute(context)
     assert context["ti"].xcoms["ray_submission_id"] == f"{base}-retry1"
-    result_dir = op.build_request({}, context).result_dir
-    assert {read_result(result_dir, sid)["status"] for sid in (base, f"{base}-retry1")} == {"error"}  # type: ignore[index]
+    hook = RayJobHook(CONN_ID)
+    results = [result_from_logs(hook.logs(sid), sid) for sid in (base, f"{base}-retry1")]
+    assert [r["status"] if r else None for r in results] == ["error", "error"]
+
+
+def _reward_package(root: Any, name: str, body: str) -> str:
+    """A reward package in a folder of its own (not on this interpreter's path, nor in the worker image)."""
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text(body)
+    assert importlib.util.find_spec(name) is None
+    return str(package)
+
+
+def test_shipped_reward_module_scores_in_a_ray_job(ray_head: str, tmp_path: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    name = f"team_reward_{secrets.token_hex(3)}"
+    folder = _reward_package(
+        tmp_path,
+        name,
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1.0 if solution_str.strip() == ground_truth else 0.25\n",
+    )
+    # The library's loader by dotted path, as the trainer and the evaluator call it (the operator's allow-list
+    # does not name the module: shipping it through the run's policy is what allows it).
+    score = (
+        "from rlhf_ops.rewards.registry import load_reward_fn; "
+        f"fn = load_reward_fn('{name}:score'); print('scores', fn('d', ' 42', '42', {{}}), fn('d', '7', '42', {{}}))"
+    )
+    policy = {"allowed_code": {"py_modules": [f"{tmp_path}/*"]}, "spec": "team.yaml"}
+    op = RayJobOperator(
+        task_id="score", entrypoint=f'python -c "{score}"', ray_conn_id=CONN_ID, code_policy=policy, deferrable=False
+    )
+    ti = _TaskInstance(dag_id="it_code", run_id=_unique("manual"), task_id="score")
+    context: Any = {"ti": ti, "params": {"code": {"py_modules": [folder]}}}
+    submission_id = str(op.execute(context))
+    hook = RayJobHook(CONN_ID)
+    assert "scores 1.0 0.25" in hook.logs(submission_id).splitlines()
+    assert (hook.info(submission_id).runtime_env or {})["env_vars"]["RLHF_SHIPPED_MODULES"] == name
+    # The same code from a pipeline whose spec allows nothing: refused before anything is submitted.
+    refused = RayJobOperator(task_id="score", entrypoint="true", ray_conn_id=CONN_ID, code_policy={}, deferrable=False)
+    ti = _TaskInstance(dag_id="it_code", run_id=_unique("manual"), task_id="score")
+    jobs, refused_context = _submission_ids(hook), {**context, "ti": ti}
+    with pytest.raises(AirflowFailException, match=r"^code.py_modules: '.*' may not be shipped from this pipeline's"):
+        refused.execute(refused_context)
+    assert _submission_ids(hook) == jobs
+
+
+def test_shipped_code_that_does_not_import_fails_at_once_in_one_line(ray_head: str, tmp_path: Any) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    name = f"team_broken_{secrets.token_hex(3)}"
+    folder = _reward_package(tmp_path, name, "import a_package_the_image_lacks\n")
+    op, context = _prepare_job(
+        tmp_path, code_policy={"code": {"py_modules": [folder]}}, dataset_url="builtin:copy_digit"
+    )
+    with pytest.raises(AirflowFailException) as failed:
+        op.execute(context)
+    assert str(failed.value) == (
+        f"prepare_data: shipped module '{name}' does not import (ModuleNotFoundError: No module named "
+        "'a_package_the_image_lacks'); fix the module, or add the package it needs to the run's code.pip"
+    )
+    submission_id = context["ti"].xcoms["ray_submission_id"]
+    assert RayJobHook(CONN_ID).status(submission_id) == "FAILED"  # nothing left running
+    assert "Parquet" not in RayJobHook(CONN_ID).logs(submission_id)  # it stopped before reading any data
+
+
+def test_a_ray_connection_that_does_not_answer_is_one_line_and_submits_nothing(tmp_path: Any) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    from rlhf_ops.pipeline.local_stack import free_ports
+
+    (port,) = free_ports(1)
+    op = RayJobOperator(
+        task_id="t",
+        entrypoint="true",
+        ray_address=f"http://127.0.0.1:{port}",
+        ray_conn_id="ray_none",
+        deferrable=False,
+    )
+    ti = _TaskInstance(dag_id="it_down", run_id=_unique("manual"), task_id="t")
+    down: Any = {"ti": ti, "params": {}}
+    with pytest.raises(AirflowException) as failed:
+        op.execute(down)
+    message = str(failed.value)
+    assert message.startswith(f"Ray job server http://127.0.0.1:{port} does not answer (") and "\n" not in message
+    assert "check the host and port of the 'ray_none' connection (or params.ray_address)" in message
+    assert ti.xcoms == {}

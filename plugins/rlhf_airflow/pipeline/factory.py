@@ -6,10 +6,12 @@
     fetch_champion ─┘                              └→ evaluate[i] (mapped group)   ┘  → promote_champion → end_tracking
                                                       wait_for_checkpoint → evaluate_checkpoint
 
-``prepare_data``, ``fetch_champion`` (skipped unless ``warm_start`` is ``champion``), ``train``, each
-``evaluate_checkpoint`` and ``register_model`` are Ray jobs submitted by the same hook and deferrable trigger (the
-heavy ones through ``rlhf_airflow.task_jobs.RayTaskJobOperator``): nothing in an Airflow process loads torch, a
-tokenizer or a model, or writes into the work folder. ``train`` and each ``evaluate_checkpoint`` take slots
+``prepare_data``, ``fetch_champion`` (skipped unless ``warm_start`` is ``champion``), ``preflight``, ``train``,
+each ``evaluate_checkpoint``, ``sync_and_retain`` and ``register_model`` are Ray jobs submitted by the same hook
+and deferrable trigger (all but ``train`` through ``rlhf_airflow.task_jobs.RayTaskJobOperator``, typed requests
+from ``rlhf_ops.pipeline.job_requests``): nothing in an Airflow process loads torch, a tokenizer or a model, or
+reads or writes the cluster's work folder, and every job ships the run's code (the spec's ``code``, and the form's
+``code`` as far as ``allowed_code`` allows). ``train`` and each ``evaluate_checkpoint`` take slots
 of the cluster pool (``rlhf_airflow.pools``); with a spec's ``approval`` on, ``approve_champion`` (human in the
 loop) sits between ``register_model`` and ``promote_champion`` (``rlhf_airflow.pipeline.approval``).
 
@@ -94,7 +96,8 @@ def build_pipeline_dag(
     gate = approval_spec(approval)
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     on_failure = partial(on_task_failure, mlflow_conn_id=mlflow_conn_id, api_conn_id=api_conn_id)
-    heavy = partial(_heavy_job, ray_conn_id=ray_conn_id, conns=conns)
+    policy = dict(override_policy or {})
+    heavy = partial(_heavy_job, ray_conn_id=ray_conn_id, conns=conns, code_policy=policy)
     with DAG(
         dag_id,
         schedule=schedule,
@@ -109,7 +112,6 @@ def build_pipeline_dag(
     ) as dag:
         # XCom references are typed Any: a task called with XComArgs (resolved at run time) does not type-check
         # against the function's parameters, and Airflow types a multiple_outputs result as unindexable.
-        policy = dict(override_policy or {})
         prepared: Any = heavy(
             "prepare_data",
             job="prepare_data",
@@ -122,13 +124,20 @@ def build_pipeline_dag(
         champion: Any = heavy(
             "fetch_champion", job="fetch_champion", build_request=tasks.fetch_champion_request
         ).output
-        plan: Any = task(task_id="preflight", multiple_outputs=True, trigger_rule="none_failed")(tasks.preflight)(
-            prepared, champion, conns=conns, ray_conn_id=ray_conn_id, override_policy=policy
-        )
+        plan: Any = heavy(
+            "preflight",
+            job="preflight",
+            request={"prepared": prepared, "champion": champion, "override_policy": policy},
+            build_request=tasks.preflight_request,
+            multiple_outputs=True,
+            trigger_rule="none_failed",
+        ).output
         tracking: Any = task(task_id="start_tracking", multiple_outputs=True)(tasks.start_tracking)(
             plan, prepared, conns=conns
         )
-        train = _train(ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s, pool=cluster)
+        train = _train(
+            ray_conn_id=ray_conn_id, conns=conns, timeout_s=train_timeout_s, pool=cluster, code_policy=policy
+        )
         tracking >> train
         evaluations = _evaluations(
             plan,
@@ -144,15 +153,14 @@ def build_pipeline_dag(
             poke_s=checkpoint_poke_s,
             timeout_s=checkpoint_timeout_s,
         )
-        retained = task(task_id="sync_and_retain", trigger_rule="none_failed")(tasks.sync_and_retain)(
-            plan["layout"], conns=conns
+        retained = heavy(
+            "sync_and_retain", job="retain", build_request=tasks.retain_request, trigger_rule="none_failed"
         )
         [train, evaluations] >> retained
         registered: Any = heavy(
             "register_model",
             job="register",
             request={
-                "layout": plan["layout"],
                 "config": plan["config"],
                 "mlflow_run_id": tracking["mlflow_run_id"],
                 "registered_name": plan["registered_model_name"],
@@ -175,7 +183,12 @@ def build_pipeline_dag(
 
 
 def _train(
-    *, ray_conn_id: str, conns: dict[str, str | None], timeout_s: float | None, pool: ClusterPool
+    *,
+    ray_conn_id: str,
+    conns: dict[str, str | None],
+    timeout_s: float | None,
+    pool: ClusterPool,
+    code_policy: dict[str, Any],
 ) -> RayJobOperator:
     """The training Ray job: entrypoint from ``preflight``, the MLflow run id from ``start_tracking``."""
     return RayJobOperator(
@@ -188,6 +201,7 @@ def _train(
         env_vars={"MLFLOW_RUN_ID": "{{ ti.xcom_pull(task_ids='start_tracking', key='mlflow_run_id') }}"},
         s3_conn_id=conns["s3_conn_id"],
         mlflow_conn_id=conns["mlflow_conn_id"],
+        code_policy=code_policy,
         deferrable=True,
         poll_interval=5,
         job_timeout=timeout_s,
@@ -228,12 +242,7 @@ def _evaluations(
         found: Any = wait(step=step, layout=plan["layout"], conns=conns)  # an XComArg (see build_pipeline_dag)
         evaluate(
             job="evaluate",
-            request={
-                "found": found,
-                "config": plan["config"],
-                "layout": plan["layout"],
-                "mlflow_run_id": tracking["mlflow_run_id"],
-            },
+            request={"found": found, "config": plan["config"], "mlflow_run_id": tracking["mlflow_run_id"]},
             build_request=tasks.evaluate_request,
             on_result=tasks.evaluation_done,
             max_active_tis_per_dagrun=1,

@@ -12,6 +12,8 @@ A spec (every key but ``schedule`` is optional)::
       field_map: {prompt: question}
     overrides: [trainer.total_training_steps=20]
     allowed_overrides: [model.lora.*]   # keys the trigger form's overrides may set besides the default set
+    code: {py_modules: [s3://team-code/rewards.zip], pip: [], working_dir: null}   # shipped with every run
+    allowed_code: {py_modules: ["s3://team-code/*"]}   # what the form's `code` may ship (nothing by default)
     warm_start: champion                # or scratch: start from the preset's model
     params: {keep_last: 1}              # defaults of any other form parameter
     tags: [weekly]
@@ -47,6 +49,8 @@ SPEC_KEYS = frozenset(
         "data",
         "overrides",
         "allowed_overrides",
+        "code",
+        "allowed_code",
         "warm_start",
         "params",
         "tags",
@@ -103,6 +107,14 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
     allowed = spec.get("allowed_overrides") or []
     if not isinstance(allowed, list) or not all(isinstance(p, str) and p for p in allowed):
         raise SpecError(f"{source}: allowed_overrides must be a list of dotted-key patterns, e.g. [model.lora.*]")
+    from rlhf_ops.pipeline.override_policy import OverridePolicy
+
+    code = {"code": spec["code"]} if spec.get("code") else {}
+    code |= {"allowed_code": spec["allowed_code"]} if spec.get("allowed_code") else {}
+    try:
+        OverridePolicy.from_dict(code)
+    except ValueError as exc:
+        raise SpecError(f"{source}: {exc}") from None
     conns = _mapping(spec.get("connections"), where=f"{source}: connections")
     if set(conns) - set(CONNECTION_KEYS):
         raise SpecError(f"{source}: unknown connection key(s) {sorted(set(conns) - set(CONNECTION_KEYS))}")
@@ -124,7 +136,12 @@ def spec_to_kwargs(spec: Any, *, source: Path) -> dict[str, Any]:
         "tags": ["scheduled", *[str(t) for t in spec.get("tags") or []]],
         "description": spec.get("description"),
         # Not a form parameter (the form's user must not widen it): passed to the preflight task by the DAG.
-        "override_policy": {"extra_allowed": allowed, "trusted": params.get("overrides", []), "spec": str(source)},
+        "override_policy": {
+            "extra_allowed": allowed,
+            "trusted": params.get("overrides", []),
+            "spec": str(source),
+            **code,
+        },
         **{CONNECTION_KEYS[k]: v for k, v in conns.items()},
     }
 

@@ -1,14 +1,15 @@
 """Task bodies of the RLHF pipeline: thin wrappers that call ``rlhf_ops.pipeline`` with values from the context.
 
-The tasks that load a tokenizer or a model, or write one into the work folder (``prepare_data``,
-``fetch_champion``, ``evaluate_checkpoint``, ``register_model``) are Ray jobs
-(``rlhf_airflow.task_jobs.RayTaskJobOperator``); here are only their requests (``*_request``) and what is done
-with their results on the Airflow side (``*_done``: Asset event extras). Every task in an Airflow process stays
-torch-free and writes nothing into the work folder.
+The tasks that load a tokenizer or a model, or read or write the run's folders (``prepare_data``,
+``fetch_champion``, ``preflight``, ``evaluate_checkpoint``, ``sync_and_retain``, ``register_model``) are Ray jobs
+(``rlhf_airflow.task_jobs.RayTaskJobOperator``); here are only their typed requests (``*_request``, models of
+``rlhf_ops.pipeline.job_requests``) and what is done with their results on the Airflow side (``*_done``: Asset
+event extras). Every task in an Airflow process stays torch-free and shares no folder with the cluster.
 
 Every import of the platform library happens inside a function, at run time: parsing a DAG file never
-imports torch, transformers or MLflow. Credentials come from Airflow connections (``job_env_from_connections``)
-and live in the environment only while the task runs; they never reach XCom, params or logs.
+imports torch, transformers or MLflow. This worker's own credentials come from Airflow connections
+(``worker_env_from_connections``) and live in the environment only while the task runs; they never reach XCom,
+params, logs or a Ray job.
 
 User mistakes that a retry cannot fix (an invalid config value, rejected data) raise ``AirflowFailException``
 so the task fails at once instead of retrying; everything else (network, storage) keeps Airflow's retries.
@@ -23,7 +24,6 @@ from typing import Any
 from airflow.sdk import PokeReturnValue
 
 from rlhf_airflow.compat import (
-    AirflowException,
     AirflowFailException,
     AirflowNotFoundException,
     AirflowSkipException,
@@ -37,15 +37,15 @@ FAILED_STATES = frozenset({"failed", "upstream_failed"})
 
 
 def connection_env(*, s3_conn_id: str | None, mlflow_conn_id: str | None) -> dict[str, str]:
-    """Environment from the S3 and MLflow connections; a connection that is not defined is skipped."""
-    from rlhf_airflow.hooks import job_env_from_connections
+    """This worker's own S3 and MLflow access for one task; a connection that is not defined is skipped."""
+    from rlhf_airflow.hooks import worker_env_from_connections
 
     env: dict[str, str] = {}
     for kind, conn_id in (("s3_conn_id", s3_conn_id), ("mlflow_conn_id", mlflow_conn_id)):
         if not conn_id:
             continue
         try:
-            env.update(job_env_from_connections(**{kind: conn_id}))
+            env.update(worker_env_from_connections(**{kind: conn_id}))
         except AirflowNotFoundException:
             log.info("connection %r is not defined; using this worker's environment instead", conn_id)
     return env
@@ -60,103 +60,73 @@ def _params(context: Mapping[str, Any]) -> Any:
         raise AirflowFailException(f"invalid pipeline parameters: {exc}") from None
 
 
-def _layout(params: Any, context: Mapping[str, Any]) -> Any:
-    from rlhf_ops.pipeline.layout import RunLayout
+def run_ref(params: Any, context: Mapping[str, Any]) -> Any:
+    """Which run a job works for (``RunRef``): the job resolves its folders on the Ray side."""
+    from rlhf_ops.pipeline.job_requests import RunRef
 
-    try:
-        return RunLayout.for_run(
-            dag_id=context["dag"].dag_id,
-            run_id=context["run_id"],
-            work_dir=params.work_dir,
-            remote_store_url=params.remote_store_url,
-        )
-    except ValueError as exc:
-        raise AirflowFailException(str(exc)) from None
+    return RunRef(
+        dag_id=context["dag"].dag_id,
+        run_id=context["run_id"],
+        work_dir=params.work_dir,
+        remote_store_url=params.remote_store_url,
+    )
 
 
 def prepare_data_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``prepare_data`` Ray job's request: the form's values, the run's layout, the DAG's override policy."""
-    from rlhf_airflow.task_jobs import JobRequest
+    """The ``prepare_data`` Ray job's request: the form's values, the run, the DAG's override policy."""
+    from rlhf_airflow.task_jobs import JobSpec
+    from rlhf_ops.pipeline.job_requests import PrepareDataRequest
 
     params = _params(context)
-    layout = _layout(params, context)
-    body = {
-        "params": params.model_dump(mode="json"),
-        "layout": layout.to_dict(),
-        "override_policy": dict(request.get("override_policy") or {}),
-    }
-    return JobRequest(request=body, result_dir=layout.jobs_dir)
+    body = PrepareDataRequest(
+        run=run_ref(params, context),
+        params=params.model_dump(mode="json"),
+        override_policy=dict(request.get("override_policy") or {}),
+    )
+    return JobSpec(request=body)
 
 
-def prepared_data_done(prepared: dict[str, Any], request: Mapping[str, Any], context: Any) -> None:
+def prepared_data_done(prepared: dict[str, Any], request: Any, context: Any) -> None:
     """The ``prepared_data`` Asset event's extras, from the job's result."""
+    from rlhf_ops.pipeline.layout import run_key
+
     keys = ("run_url", "train_url", "val_url", "num_train", "num_val", "num_rejected", "manifest_url")
-    run_key = request["layout"]["run_key"]
-    set_event_extra(context, "prepared_data", {k: prepared.get(k) for k in keys} | {"airflow_run_id": run_key})
+    extra = {k: prepared.get(k) for k in keys} | {"airflow_run_id": run_key(request.run.run_id)}
+    set_event_extra(context, "prepared_data", extra)
 
 
 def fetch_champion_request(request: Mapping[str, Any], context: Any) -> Any:
     """The ``fetch_champion`` Ray job's request; the task is skipped unless the run warm-starts from the champion."""
-    from rlhf_airflow.task_jobs import JobRequest
+    from rlhf_airflow.task_jobs import JobSpec
+    from rlhf_ops.pipeline.job_requests import FetchChampionRequest
 
     params = _params(context)
     if params.warm_start != "champion":
         raise AirflowSkipException(f"warm_start is {params.warm_start!r}: no champion to fetch")
-    layout = _layout(params, context)
-    body = {"registered_name": params.registered_name(layout.dag_id), "layout": layout.to_dict()}
-    return JobRequest(request=body, result_dir=layout.jobs_dir)
+    run = run_ref(params, context)
+    return JobSpec(request=FetchChampionRequest(run=run, registered_name=params.registered_name(run.dag_id)))
 
 
-def check_ray(*, ray_conn_id: str, address: str | None) -> str:
-    """The Ray job server's URL after a version handshake with it (submits nothing)."""
-    from rlhf_airflow.hooks import RayJobHook
+def preflight_request(request: Mapping[str, Any], context: Any) -> Any:
+    """The ``preflight`` Ray job's request: resolve + validate the config, check what the run needs where the
+    run's files and shipped code are (the cluster), plan the checkpoints.
 
-    hook = RayJobHook(ray_conn_id, address=address or None)
-    try:
-        hook.get_conn()
-    except AirflowNotFoundException:
-        raise AirflowFailException(
-            f"no Ray cluster: define the {ray_conn_id!r} connection or pass params.ray_address"
-        ) from None
-    except Exception as exc:  # connection refused, TLS, auth: retryable
-        raise AirflowException(f"Ray job server {hook.dashboard_address} is unreachable: {exc}") from exc
-    ok, problem = hook.test_connection()  # the cluster's Ray release (and token): what no retry can fix
-    if not ok:
-        raise AirflowFailException(problem)
-    return hook.dashboard_address
-
-
-def preflight(
-    prepared: dict[str, Any],
-    champion: dict[str, Any] | None,
-    *,
-    conns: Mapping[str, str | None],
-    ray_conn_id: str,
-    override_policy: Mapping[str, Any] | None = None,
-    **context: Any,
-) -> dict[str, Any]:
-    """Resolve + validate the config, run pre-flight (the checks `rlhf train` runs), plan the checkpoints.
-
-    ``champion`` is ``fetch_champion``'s result (None: skipped, the run starts from scratch); its model folder
-    becomes ``model.path``. A bad value or a problem pre-flight finds fails the task at once (no retry can fix
-    it), one log line each.
+    ``request["champion"]`` is ``fetch_champion``'s result (None: skipped, the run starts from scratch); its model
+    folder becomes ``model.path``.
     """
-    from rlhf_ops.config import ConfigError
-    from rlhf_ops.pipeline.layout import patched_environ
-    from rlhf_ops.pipeline.preflight import run_preflight
+    from rlhf_airflow.task_jobs import JobSpec
+    from rlhf_ops.pipeline.job_requests import PreflightRequest
 
     params = _params(context)
-    layout = _layout(params, context)
-    model_path = (champion or {}).get("model_dir") if params.warm_start == "champion" else None
-    with patched_environ(connection_env(**conns)):
-        try:
-            plan = run_preflight(params, layout, prepared, model_path=model_path, override_policy=override_policy)
-        except ConfigError as exc:  # PreflightError too: the same lines `rlhf train` prints
-            for problem in exc.problems:
-                log.error("error: %s", problem)
-            raise AirflowFailException(str(exc)) from None
-    plan["ray_dashboard"] = check_ray(ray_conn_id=ray_conn_id, address=params.ray_address)
-    return plan
+    champion = request.get("champion") or {}
+    body = PreflightRequest(
+        run=run_ref(params, context),
+        params=params.model_dump(mode="json"),
+        prepared=dict(request["prepared"]),
+        model_path=champion.get("model_dir") if params.warm_start == "champion" else None,
+        override_policy=dict(request.get("override_policy") or {}),
+    )
+    return JobSpec(request=body)
 
 
 def start_tracking(
@@ -206,14 +176,16 @@ def _train_state(context: Mapping[str, Any]) -> str | None:
 def wait_for_checkpoint(
     step: int, layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any
 ) -> PokeReturnValue:
-    """Sensor poke: done once ``global_step_<step>`` is committed (locally or on the remote store)."""
+    """Sensor poke: done once ``global_step_<step>`` is committed on the remote store (without one: in the work
+    folder, which then must be shared)."""
     from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, checkpoint_ready
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
 
     train_state = _train_state(context)
+    run_layout = RunLayout.from_dict(layout)  # the cluster's paths: only its remote store is read from here
     with patched_environ(connection_env(**conns)):
         try:
-            found = checkpoint_ready(step, RunLayout.from_dict(layout), train_state=train_state)
+            found = checkpoint_ready(step, run_layout, train_state=train_state, local=not run_layout.remote_run_url)
         except CheckpointNeverCommitted as exc:
             if train_state in FAILED_STATES:
                 raise AirflowSkipException(f"nothing to evaluate: {exc}") from None
@@ -230,80 +202,77 @@ def _gpus(config: Mapping[str, Any]) -> float | None:
 
 
 def evaluate_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``evaluate`` Ray job's request: the found checkpoint, the run's config and layout, the form's settings."""
-    from rlhf_airflow.task_jobs import JobRequest
-    from rlhf_ops.pipeline.layout import RunLayout
+    """The ``evaluate`` Ray job's request: the found checkpoint, the run's config, the form's settings."""
+    from rlhf_airflow.task_jobs import JobSpec
+    from rlhf_ops.pipeline.job_requests import EvaluateRequest
 
     params = _params(context)
     found, config = request["found"], request["config"]
-    body = {
-        "step": int(found["step"]),
-        "location": str(found["location"]),
-        "config": config,
-        "layout": request["layout"],
-        "mlflow_run_id": request["mlflow_run_id"],
-        "n_samples": params.eval_n_samples,
-        "max_prompts": params.eval_max_prompts,
-        "engine": params.eval_engine,
-    }
-    return JobRequest(request=body, result_dir=RunLayout.from_dict(request["layout"]).jobs_dir, num_gpus=_gpus(config))
+    body = EvaluateRequest(
+        run=run_ref(params, context),
+        step=int(found["step"]),
+        location=str(found["location"]),
+        config=config,
+        mlflow_run_id=request["mlflow_run_id"],
+        n_samples=params.eval_n_samples,
+        max_prompts=params.eval_max_prompts,
+        engine=params.eval_engine,
+    )
+    return JobSpec(request=body, num_gpus=_gpus(config))
 
 
-def evaluation_done(result: dict[str, Any], request: Mapping[str, Any], context: Any) -> None:
+def evaluation_done(result: dict[str, Any], request: Any, context: Any) -> None:
     """The ``checkpoint`` Asset event's extras (step, location, headline metrics), from the job's result."""
     headline = {k: v for k, v in result["metrics"].items() if k in HEADLINE_METRICS}
-    extra = {"step": result["step"], "checkpoint": request["location"], "metrics": headline}
-    set_event_extra(context, "checkpoint", extra | {"mlflow_run_id": request["mlflow_run_id"]})
+    extra = {"step": result["step"], "checkpoint": request.location, "metrics": headline}
+    set_event_extra(context, "checkpoint", extra | {"mlflow_run_id": request.mlflow_run_id})
 
 
-def sync_and_retain(layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any) -> dict[str, Any]:
-    """Final sync to the remote store, then keep the last ``keep_last`` checkpoints and the best."""
-    from rlhf_ops.pipeline.layout import RunLayout, patched_environ
-    from rlhf_ops.pipeline.retention import sync_and_retain as retain
+def retain_request(request: Mapping[str, Any], context: Any) -> Any:
+    """The ``retain`` Ray job's request: final sync to the remote store, then keep the last ``keep_last``
+    checkpoints and the best (on the cluster, where the local run folder is)."""
+    from rlhf_airflow.task_jobs import JobSpec
+    from rlhf_ops.pipeline.job_requests import RetainRequest
 
     params = _params(context)
-    with patched_environ(connection_env(**conns)):
-        try:
-            return retain(
-                RunLayout.from_dict(layout),
-                keep_last=params.keep_last,
-                metric=params.eval_metric,
-                promotion=params.promotion,
-            )
-        except ValueError as exc:  # eval_metric names no metric of the reports, promotion.metric none per prompt
-            raise AirflowFailException(str(exc)) from None
+    body = RetainRequest(
+        run=run_ref(params, context),
+        keep_last=params.keep_last,
+        metric=params.eval_metric,
+        promotion=params.promotion.model_dump(mode="json"),
+    )
+    return JobSpec(request=body)
 
 
 def register_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``register`` Ray job's request: the run's layout and config, the form's metric and promotion test.
+    """The ``register`` Ray job's request: the run's config, the form's metric and promotion test.
 
     ``request["move"]`` False (the approval gate is on): the job decides and logs, and the alias waits for
     ``promote_champion`` after the approval.
     """
-    from rlhf_airflow.task_jobs import JobRequest
-    from rlhf_ops.pipeline.layout import RunLayout
+    from rlhf_airflow.task_jobs import JobSpec
+    from rlhf_ops.pipeline.job_requests import RegisterRequest
 
     params = _params(context)
-    body = {
-        "layout": request["layout"],
-        "config": request["config"],
-        "mlflow_run_id": request["mlflow_run_id"],
-        "registered_name": request["registered_name"],
-        "metric": params.eval_metric,
-        "promotion": params.promotion.model_dump(mode="json"),
-        "eval_n_samples": params.eval_n_samples,
-        "eval_max_prompts": params.eval_max_prompts,
-        "move": bool(request.get("move", True)),
-        "engine": params.eval_engine,
-    }
-    layout = RunLayout.from_dict(request["layout"])
-    return JobRequest(request=body, result_dir=layout.jobs_dir, num_gpus=_gpus(request["config"]))
+    body = RegisterRequest(
+        run=run_ref(params, context),
+        config=request["config"],
+        mlflow_run_id=request["mlflow_run_id"],
+        registered_name=request["registered_name"],
+        metric=params.eval_metric,
+        promotion=params.promotion.model_dump(mode="json"),
+        eval_n_samples=params.eval_n_samples,
+        eval_max_prompts=params.eval_max_prompts,
+        move=bool(request.get("move", True)),
+        engine=params.eval_engine,
+    )
+    return JobSpec(request=body, num_gpus=_gpus(request["config"]))
 
 
-def registration_done(result: dict[str, Any], request: Mapping[str, Any], context: Any) -> None:
+def registration_done(result: dict[str, Any], request: Any, context: Any) -> None:
     """The ``registered_model`` Asset event's extras, from the job's result."""
     keys = ("registered_name", "version", "model_uri", "best_step", "metric", "value", "summary")
-    extra = {k: result.get(k) for k in keys} | {"mlflow_run_id": request["mlflow_run_id"]}
+    extra = {k: result.get(k) for k in keys} | {"mlflow_run_id": request.mlflow_run_id}
     set_event_extra(context, "registered_model", extra)
 
 

@@ -20,29 +20,36 @@ import json, sys, types
 from airflow.sdk.exceptions import AirflowSkipException
 from rlhf_airflow.pipeline.factory import build_pipeline_dag
 from rlhf_airflow.task_jobs import RayTaskJobOperator
-from rlhf_ops.pipeline.job_results import job_entrypoint
-from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.pipeline.job_requests import JOBS, parse_request
 
-dag = build_pipeline_dag("d")
+dag = build_pipeline_dag("d", override_policy={"code": {"py_modules": ["/opt/team/rewards"]}})
 heavy = {t.task_id: t for t in dag.tasks if isinstance(t, RayTaskJobOperator)}
-assert sorted(heavy) == ["evaluate.evaluate_checkpoint", "fetch_champion", "prepare_data", "register_model"]
+assert sorted(heavy) == [
+    "evaluate.evaluate_checkpoint", "fetch_champion", "preflight", "prepare_data", "register_model", "sync_and_retain"
+]
+assert {t.job for t in heavy.values()} == set(JOBS)  # every job of the table has its task, and no other
+assert all(t.code_policy == {"code": {"py_modules": ["/opt/team/rewards"]}} for t in heavy.values())
+assert dag.get_task("train").code_policy == heavy["prepare_data"].code_policy
 params = {k: dag.params[k] for k in dag.params}
 params["work_dir"] = WORK
 ctx = {"dag": dag, "run_id": "manual__1", "params": params}
 prep = heavy["prepare_data"].build_request({"override_policy": {"extra_allowed": ["model.lora.*"]}}, ctx)
-layout = RunLayout.from_dict(prep.request["layout"])
-assert prep.result_dir == layout.jobs_dir and prep.request["override_policy"]["extra_allowed"] == ["model.lora.*"]
-assert prep.request["params"]["preset"] == "tiny-cpu" and prep.num_gpus is None
+assert prep.request.run.work_dir == WORK and prep.request.override_policy["extra_allowed"] == ["model.lora.*"]
+assert prep.request.params["preset"] == "tiny-cpu" and prep.num_gpus is None
+assert prep.request.schema_version == 1
 config = {"resources": {"device": "cuda"}, "rollout": {"engine": "vllm"}}
 found = {"step": 2, "location": "s3://b/run/global_step_2"}
-ev = heavy["evaluate.evaluate_checkpoint"].build_request(
-    {"found": found, "config": config, "layout": layout.to_dict(), "mlflow_run_id": "abc"}, ctx
-)
-assert (ev.request["step"], ev.request["engine"], ev.num_gpus) == (2, "auto", 1.0)
+ev_request = {"found": found, "config": config, "mlflow_run_id": "abc"}
+ev = heavy["evaluate.evaluate_checkpoint"].build_request(ev_request, ctx)
+assert (ev.request.step, ev.request.engine, ev.num_gpus) == (2, "auto", 1.0)
 reg = heavy["register_model"].build_request(
-    {"layout": layout.to_dict(), "config": config, "mlflow_run_id": "abc", "registered_name": "m", "move": False}, ctx
+    {"config": config, "mlflow_run_id": "abc", "registered_name": "m", "move": False}, ctx
 )
-assert reg.request["move"] is False and reg.request["metric"] == "eval/reward/mean"
+assert reg.request.move is False and reg.request.metric == "eval/reward/mean"
+ret = heavy["sync_and_retain"].build_request({}, ctx)
+assert ret.request.keep_last == 2
+pre = heavy["preflight"].build_request({"prepared": {"num_train": 4}, "champion": None}, ctx)
+assert pre.request.model_path is None and pre.request.prepared == {"num_train": 4}
 try:  # warm_start scratch (the default): skipped before anything is submitted
     heavy["fetch_champion"].build_request({}, ctx)
     raise AssertionError("fetch_champion was not skipped")
@@ -50,10 +57,13 @@ except AirflowSkipException as exc:
     assert "warm_start is 'scratch'" in str(exc)
 champ_ctx = {**ctx, "params": {**params, "warm_start": "champion"}}
 fetch = heavy["fetch_champion"].build_request({}, champ_ctx)
-assert fetch.request == {"registered_name": "d-tiny-cpu", "layout": layout.to_dict()}
-assert fetch.result_dir == layout.jobs_dir and fetch.num_gpus is None
-json.dumps([prep.request, ev.request, reg.request, fetch.request])  # what goes into $RLHF_JOB_REQUEST
-print(job_entrypoint("evaluate", ev.result_dir))
+assert fetch.request.registered_name == "d-tiny-cpu" and fetch.num_gpus is None
+for op, spec in ((heavy["prepare_data"], prep), (heavy["evaluate.evaluate_checkpoint"], ev),
+                 (heavy["register_model"], reg), (heavy["fetch_champion"], fetch), (heavy["preflight"], pre),
+                 (heavy["sync_and_retain"], ret)):
+    sent = spec.request.model_dump_json()  # what goes into $RLHF_JOB_REQUEST: the job reads it back as sent
+    assert parse_request(op.job, sent) == spec.request, op.job
+print(heavy["evaluate.evaluate_checkpoint"].entrypoint)
 heavy_mods = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
 assert not heavy_mods, heavy_mods
 print("ok")
@@ -71,4 +81,4 @@ def test_heavy_task_requests_are_built_without_torch(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
-    assert lines[-1] == "ok" and "pipeline-job evaluate --result-dir" in lines[-2]
+    assert lines[-1] == "ok" and lines[-2] == "python -m rlhf_ops.cli pipeline-job evaluate"

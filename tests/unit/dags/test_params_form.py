@@ -125,6 +125,13 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
         "Shared folder for data, checkpoints and exports; empty: $RLHF_WORK_DIR.",
         _nullable("string", minLength=1),
     ),
+    "code": (
+        {},
+        _STORE,
+        "Code shipped with the run (Ray runtime_env): {working_dir, py_modules: [...], pip: [...]}; only what the "
+        "spec's allowed_code allows.",
+        {"type": "object", "additionalProperties": True},
+    ),
     "keep_last": (
         2,
         _STORE,

@@ -1,26 +1,41 @@
-"""The heavy tasks' Ray job protocol: entrypoint, result file keyed by submission id, user mistakes."""
+"""The heavy jobs' channel: typed, versioned requests; results through the remote store or a tagged log line (never a
+shared folder); user mistakes, unknown versions and shipped code that does not import as one non-retryable line."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 
-from rlhf_ops.pipeline.job_results import current_submission_id, job_entrypoint, read_result, result_path
+from rlhf_ops.pipeline.job_requests import JOBS, PrepareDataRequest, RunRef, parse_request
+from rlhf_ops.pipeline.job_results import (
+    current_submission_id,
+    job_entrypoint,
+    read_result,
+    result_from_logs,
+    result_line,
+    result_url,
+)
 from rlhf_ops.pipeline.jobs import run_job
-from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.params import PipelineParams
 
 
-def test_entrypoint_is_the_cli_with_a_quoted_result_dir() -> None:
-    command = job_entrypoint("evaluate", "/shared/jobs/my dag/run 1")
-    assert shlex.split(command) == [
-        "python", "-m", "rlhf_ops.cli", "pipeline-job", "evaluate", "--result-dir", "/shared/jobs/my dag/run 1",
-    ]  # fmt: skip
-    with pytest.raises(ValueError, match=r"job 'train' is not a pipeline job; choose one of \['prepare_data'"):
-        job_entrypoint("train", "/x")
+def _request(tmp_path: Path, *, remote: str | None = None, **params: object) -> PrepareDataRequest:
+    run = RunRef(dag_id="d", run_id="manual__1", work_dir=str(tmp_path / "ray"), remote_store_url=remote)
+    return PrepareDataRequest(run=run, params=PipelineParams(**params).model_dump(mode="json"))
+
+
+def test_entrypoint_names_a_job_of_the_table() -> None:
+    assert shlex.split(job_entrypoint("evaluate")) == ["python", "-m", "rlhf_ops.cli", "pipeline-job", "evaluate"]
+    with pytest.raises(ValueError, match=r"job 'train' is not a pipeline job; choose one of \['evaluate'"):
+        job_entrypoint("train")
+    assert set(JOBS) == {"prepare_data", "fetch_champion", "preflight", "evaluate", "retain", "register"}
+    for entry in JOBS.values():  # each runner is where the table says (the table names it by dotted path)
+        module, _, function = entry.runner.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), entry.runner
 
 
 def test_submission_id_follows_the_hooks_retry_naming() -> None:
@@ -31,18 +46,82 @@ def test_submission_id_follows_the_hooks_retry_naming() -> None:
         current_submission_id({})
 
 
-def test_a_refused_override_is_a_non_retryable_error_in_the_result_file(
+def test_request_round_trips_and_an_unknown_version_or_field_is_one_line(tmp_path: Path) -> None:
+    request = _request(tmp_path)
+    assert parse_request("prepare_data", request.model_dump_json()) == request
+    newer = {**json.loads(request.model_dump_json()), "schema_version": 2}
+    with pytest.raises(
+        ValueError, match=r"schema_version=2 but this rlhf-ops reads 1: install the same rlhf-ops"
+    ) as e:
+        parse_request("prepare_data", json.dumps(newer))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"schema_version=None"):  # a request from before versions existed
+        parse_request("prepare_data", json.dumps({"params": {}, "layout": {}}))
+    broken = {**json.loads(request.model_dump_json()), "paramz": {}}
+    with pytest.raises(ValueError, match=r"field 'paramz': Extra inputs are not permitted"):
+        parse_request("prepare_data", json.dumps(broken))
+
+
+def test_result_line_is_found_only_for_its_own_submission() -> None:
+    logs = "\n".join(
+        [
+            "loading...",
+            result_line("af-1", {"status": "ok", "value": {"n": 1}}),
+            'RLHF_JOB_RESULT af-1-retry1 {"status": "ok", "value": {"n": 2}}',  # another attempt's line
+            "print('RLHF_JOB_RESULT af-1 ...') from user code is not at the start of a line",
+            "done",
+        ]
+    )
+    assert result_from_logs(logs, "af-1") == {"status": "ok", "value": {"n": 1}}
+    assert result_from_logs(logs, "af-2") is None
+    assert read_result("af-1", remote_run_url=None, logs=lambda: logs) == {"status": "ok", "value": {"n": 1}}
+
+
+def test_a_refused_override_is_a_non_retryable_error_on_the_remote_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    layout = RunLayout.for_run(dag_id="d", run_id="manual__1", work_dir=str(tmp_path))
-    params = PipelineParams(overrides=["data.train_files=[/etc/passwd]"])
-    request = {"params": params.model_dump(mode="json"), "layout": layout.to_dict(), "override_policy": {}}
-    env = {"RLHF_SUBMISSION_ID": "af-1", "RLHF_RETRY_INDEX": "1", "RLHF_JOB_REQUEST": json.dumps(request)}
-    assert run_job("prepare_data", result_dir=layout.jobs_dir, environ=env) == 2
-    result = read_result(layout.jobs_dir, "af-1-retry1")
+    remote = (tmp_path / "store").as_uri()
+    request = _request(tmp_path, remote=remote, overrides=["data.train_files=[/etc/passwd]"])
+    env = {"RLHF_SUBMISSION_ID": "af-1", "RLHF_RETRY_INDEX": "1", "RLHF_JOB_REQUEST": request.model_dump_json()}
+    assert run_job("prepare_data", environ=env) == 2
+    run_url = request.run.remote_run_url
+    assert run_url is not None
+    result = read_result("af-1-retry1", remote_run_url=run_url, logs=lambda: "")
     assert result is not None and (result["status"], result["retryable"]) == ("error", False)
     assert "'data.train_files' may not be set from this pipeline's trigger form" in result["error"]
-    assert capsys.readouterr().err.startswith("error: ")
-    assert read_result(layout.jobs_dir, "af-1") is None  # another attempt's result is another file
-    assert result_path(layout.jobs_dir, "af-1-retry1").parent == tmp_path / "jobs" / "d" / layout.run_key
-    assert not list(tmp_path.rglob("*.parquet"))  # refused before anything was read
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert read_result("af-1", remote_run_url=run_url, logs=lambda: "") is None  # another attempt's result
+    assert Path(result_url(run_url, "af-1-retry1").removeprefix("file://")).is_file()
+    assert not (tmp_path / "ray").exists()  # refused before the job touched its work folder
+
+
+def test_without_a_remote_store_the_result_is_the_tagged_log_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    newer = {**json.loads(_request(tmp_path).model_dump_json()), "schema_version": 7}
+    env = {"RLHF_SUBMISSION_ID": "af-2", "RLHF_JOB_REQUEST": json.dumps(newer)}
+    assert run_job("prepare_data", environ=env) == 2
+    out = capsys.readouterr()
+    result = result_from_logs(out.out, "af-2")
+    assert result is not None and result["retryable"] is False and "schema_version=7" in result["error"]
+    assert out.err.count("\n") == 1
+
+
+def test_shipped_code_that_does_not_import_is_one_line_at_job_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "team_reward_broken.py").write_text("import package_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # where Ray puts py_modules
+    env = {
+        "RLHF_SUBMISSION_ID": "af-3",
+        "RLHF_JOB_REQUEST": _request(tmp_path).model_dump_json(),
+        "RLHF_SHIPPED_MODULES": "team_reward_broken",
+    }
+    assert run_job("prepare_data", environ=env) == 2
+    out = capsys.readouterr()
+    assert out.err == (
+        "error: shipped module 'team_reward_broken' does not import (ModuleNotFoundError: No module named "
+        "'package_that_is_not_installed'); fix the module, or add the package it needs to the run's code.pip\n"
+    )
+    assert not (tmp_path / "ray").exists()  # nothing ran

@@ -7,6 +7,7 @@ import types
 import typing
 from collections.abc import Iterator
 
+import pytest
 from pydantic import BaseModel
 
 from rlhf_ops.config.schema import RunConfig
@@ -36,3 +37,34 @@ def test_every_default_allowed_override_names_a_config_key() -> None:
     assert "actor.optim.lr" in keys and "reward.overlong_buffer.len" in keys  # the walk reaches nested sections
     dead = [p for p in DEFAULT_ALLOWED_OVERRIDES if not fnmatch.filter(keys, p)]
     assert dead == [], f"allowed overrides that match no config key: {dead}"
+
+
+def test_the_specs_code_ships_and_the_form_ships_only_what_allowed_code_allows() -> None:
+    from rlhf_ops.pipeline.override_policy import OverridePolicy
+
+    policy = OverridePolicy.from_dict(
+        {
+            "code": {"py_modules": ["/opt/team/rewards"], "pip": ["math-verify==0.9.0"]},
+            "allowed_code": {"py_modules": ["s3://team-code/*"]},
+            "spec": "dags/specs/team.yaml",
+        }
+    )
+    assert OverridePolicy.from_dict(None).shipped_code(None).runtime_env() == {}  # nothing by default
+    code = policy.shipped_code({"py_modules": ["s3://team-code/extra_rewards.zip"]})
+    assert code.runtime_env() == {
+        "py_modules": ["/opt/team/rewards", "s3://team-code/extra_rewards.zip"],
+        "pip": ["math-verify==0.9.0"],
+    }
+    assert code.module_names() == ["rewards", "extra_rewards"]
+    with pytest.raises(ValueError) as refused:
+        policy.shipped_code({"pip": ["evil==1.0"], "working_dir": "/home/me"})
+    assert str(refused.value) == (
+        "code.working_dir: '/home/me' may not be shipped from this pipeline's trigger form. Fix: remove it, or have "
+        "the platform team allow it under allowed_code.working_dir in dags/specs/team.yaml; code.pip: 'evil==1.0' may "
+        "not be shipped from this pipeline's trigger form. Fix: remove it, or have the platform team allow it under "
+        "allowed_code.pip in dags/specs/team.yaml"
+    )
+    with pytest.raises(ValueError, match=r"^code.py_module: Extra inputs are not permitted; valid keys: working_dir"):
+        policy.shipped_code({"py_module": ["x"]})
+    with pytest.raises(ValueError, match=r"allowed_code has unknown key\(s\) \['pips'\]"):
+        OverridePolicy.from_dict({"allowed_code": {"pips": ["*"]}})

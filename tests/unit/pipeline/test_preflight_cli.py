@@ -4,12 +4,12 @@ on pre-flight's problems: exit code 2 (or AirflowFailException), one line per pr
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -77,50 +77,40 @@ def test_config_show_check(tmp_path: Path) -> None:
     ]
 
 
-def test_the_airflow_preflight_task_fails_cleanly_without_importing_torch(tmp_path: Path) -> None:
+def test_the_preflight_job_fails_in_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlhf_ops.pipeline.job_requests import PreflightRequest, RunRef
+    from rlhf_ops.pipeline.job_results import result_from_logs
+    from rlhf_ops.pipeline.jobs import run_job
+    from rlhf_ops.pipeline.params import PipelineParams
+
     train = tmp_path / "train.parquet"
     pd.DataFrame([{"prompt": "copy: 3", "ground_truth": "3", "data_source": "copy_digit"}]).to_parquet(train)
     prepared = {"train_url": str(train), "num_train": 64, "num_val": 0}
-    params = {"work_dir": str(tmp_path / "work"), "overrides": ["reward.reward_fn=nope:fn"]}
-    code = f"""
-import json, logging, sys
-from types import SimpleNamespace
-from tests.support.airflow_env import configure_airflow_env
-configure_airflow_env()
-sys.path.append({str(ROOT / "dags")!r})
-logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
-from airflow.sdk.exceptions import AirflowFailException
-from rlhf_airflow.pipeline import tasks
-try:  # fetch_champion was skipped (warm_start scratch): its XCom is None
-    tasks.preflight(json.loads({json.dumps(prepared)!r}), None, conns={{"s3_conn_id": None, "mlflow_conn_id": None}},
-                    ray_conn_id="ray_default", params=json.loads({json.dumps(params)!r}),
-                    override_policy={{"extra_allowed": ["reward.reward_fn"]}},  # a spec that lets the form set it
-                    dag=SimpleNamespace(dag_id="d"), run_id="manual__1")
-except AirflowFailException as exc:
-    print("FAILED:", str(exc).splitlines()[0])
-warm = {{**json.loads({json.dumps(params)!r}), "warm_start": "champion", "overrides": []}}
-try:  # fetch_champion's result: its model folder becomes model.path (here one that is not there)
-    tasks.preflight(json.loads({json.dumps(prepared)!r}), {{"model_dir": {str(tmp_path / "champion")!r}}},
-                    conns={{"s3_conn_id": None, "mlflow_conn_id": None}}, ray_conn_id="ray_default", params=warm,
-                    dag=SimpleNamespace(dag_id="d"), run_id="manual__1")
-except AirflowFailException as exc:
-    print("FAILED2:", [line for line in str(exc).splitlines() if "model.path" in line])
-print("torch imported:", "torch" in sys.modules)
-"""
-    proc, _ = _run("-c", code, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    logged = [line for line in lines if "error: reward.reward_fn" in line]  # structlog decorates the line
-    assert len(logged) == 1, proc.stdout
-    assert (
-        "error: reward.reward_fn: reward function 'nope:fn': cannot import module 'nope' (No module named 'nope'). "
+    run = RunRef(dag_id="d", run_id="manual__1", work_dir=str(tmp_path / "work"))
+
+    def job(sid: str, **fields: Any) -> str:
+        request = PreflightRequest(run=run, prepared=prepared, **fields)
+        assert (
+            run_job("preflight", environ={"RLHF_SUBMISSION_ID": sid, "RLHF_JOB_REQUEST": request.model_dump_json()})
+            == 2
+        )
+        out = capsys.readouterr()
+        result = result_from_logs(out.out, sid)
+        assert result is not None and result["retryable"] is False and out.err.count("\n") == 1
+        return str(result["error"])
+
+    # A spec that lets the form set reward.reward_fn; fetch_champion was skipped (warm_start scratch).
+    params = PipelineParams(overrides=["reward.reward_fn=nope:fn"]).model_dump(mode="json")
+    error = job("af-1", params=params, override_policy={"extra_allowed": ["reward.reward_fn"]})
+    assert error == (
+        "reward.reward_fn: reward function 'nope:fn': cannot import module 'nope' (No module named 'nope'). "
         "Fix: install the package or put it on PYTHONPATH of every worker, or fix the spelling "
-        "('package.module:function')" in logged[0]
+        "('package.module:function')"
     )
-    assert "FAILED: preflight found 1 problem(s); nothing was started:" in lines
-    (warm,) = [line for line in lines if line.startswith("FAILED2:")]
-    assert f"model.path: {tmp_path / 'champion'}" in warm, warm
-    assert lines[-1] == "torch imported: False"
+    # fetch_champion's result: its model folder becomes model.path (here one that is not there)
+    warm = PipelineParams(warm_start="champion").model_dump(mode="json")
+    error = job("af-2", params=warm, model_path=str(tmp_path / "champion"))
+    assert f"model.path: {tmp_path / 'champion'}" in error, error
 
 
 def test_the_resume_mode_from_the_operator_is_validated_like_the_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,15 +1,22 @@
-"""RayJobHook connection handling and job_env_from_connections (connections from AIRFLOW_CONN_* env vars)."""
+"""RayJobHook connection handling; what Ray jobs and this worker get from the connections (AIRFLOW_CONN_* env vars)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 
 import pytest
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import redact
 
-from rlhf_airflow.hooks import RayJobHook, job_env_from_connections, merge_env_vars, normalize_dashboard_address
+from rlhf_airflow.hooks import (
+    RayJobHook,
+    job_env_from_connections,
+    merge_env_vars,
+    normalize_dashboard_address,
+    worker_env_from_connections,
+)
 
 
 def _conn(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: object) -> None:
@@ -81,7 +88,31 @@ def test_connection_without_host_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
         RayJobHook("ray_nohost").client_config()
 
 
-def test_job_env_from_s3_and_mlflow_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_job_env_forwards_settings_and_no_secret_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    _conn(
+        monkeypatch,
+        "s3_test",
+        conn_type="aws",
+        login="AKIATESTKEY",
+        password="FAKE-SECRET-abc123",
+        extra={"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"},
+    )
+    _conn(monkeypatch, "mlflow_test", conn_type="http", host="mlflow", port=5000, login="bot", password="mlf-pass-77")
+    env = job_env_from_connections(s3_conn_id="s3_test", mlflow_conn_id="mlflow_test")
+    assert env == {  # the cluster's own identity does the rest: no key, no password
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+        "FSSPEC_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_REGION": "eu-west-1",
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+    }
+    _conn(monkeypatch, "mlflow_userinfo", conn_type="http", host="http://bot:mlf-pass-77@mlflow:5000")
+    assert job_env_from_connections(mlflow_conn_id="mlflow_userinfo") == {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}
+    assert job_env_from_connections() == {}
+
+
+def test_worker_env_resolves_credentials_through_the_amazon_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     _conn(
         monkeypatch,
         "s3_test",
@@ -91,21 +122,61 @@ def test_job_env_from_s3_and_mlflow_connections(monkeypatch: pytest.MonkeyPatch)
         extra={"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"},
     )
     _conn(monkeypatch, "mlflow_test", conn_type="http", host="mlflow", port=5000, login="bot", password="mlf-pass-77")
-    env = job_env_from_connections(s3_conn_id="s3_test", mlflow_conn_id="mlflow_test")
-    assert env == {
-        "AWS_ACCESS_KEY_ID": "AKIATESTKEY",
-        "AWS_SECRET_ACCESS_KEY": "s3-secret-value-42",
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
-        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
-        "FSSPEC_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
-        "AWS_DEFAULT_REGION": "eu-west-1",
-        "AWS_REGION": "eu-west-1",
-        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
-        "MLFLOW_TRACKING_USERNAME": "bot",
-        "MLFLOW_TRACKING_PASSWORD": "mlf-pass-77",
-    }
+    env = worker_env_from_connections(s3_conn_id="s3_test", mlflow_conn_id="mlflow_test")
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKIATESTKEY", "s3-secret-value-42")
+    assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == ("bot", "mlf-pass-77")
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000" and "AWS_SESSION_TOKEN" not in env
     assert redact(f"{env['AWS_SECRET_ACCESS_KEY']} {env['MLFLOW_TRACKING_PASSWORD']}") == "*** ***"
-    assert job_env_from_connections() == {}
+
+
+@pytest.fixture
+def mocked_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """AWS's STS answered in process (moto); no real account, no profile files."""
+    from moto import mock_aws
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    with mock_aws():
+        yield
+
+
+@pytest.mark.usefixtures("mocked_aws")
+def test_opt_in_forwarding_exchanges_long_lived_keys_for_an_sts_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    long_lived = {"login": "AKIAJ7Q2X4K9LMN3PQRS", "password": "FAKE-SECRET-abc123"}
+    _conn(
+        monkeypatch,
+        "s3_fwd",
+        conn_type="aws",
+        extra={"region_name": "us-east-1", "forward_credentials": True},
+        **long_lived,
+    )
+    env = job_env_from_connections(s3_conn_id="s3_fwd")
+    assert env["AWS_SESSION_TOKEN"] and env["AWS_CREDENTIAL_EXPIRATION"]  # an STS session, with its expiry
+    assert env["AWS_ACCESS_KEY_ID"] != long_lived["login"]
+    assert long_lived["password"] not in json.dumps(env)
+    _conn(monkeypatch, "s3_plain", conn_type="aws", extra={"region_name": "us-east-1"}, **long_lived)
+    assert "AWS_SESSION_TOKEN" not in job_env_from_connections(s3_conn_id="s3_plain")  # opt-in only
+    assert job_env_from_connections(s3_conn_id="s3_plain", forward_credentials=True)["AWS_SESSION_TOKEN"]
+
+
+@pytest.mark.usefixtures("mocked_aws")
+def test_assume_role_connection_forwards_the_roles_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    role = "arn:aws:iam::123456789012:role/rlhf-jobs"
+    _conn(
+        monkeypatch,
+        "s3_role",
+        conn_type="aws",
+        login="AKIAJ7Q2X4K9LMN3PQRS",
+        password="FAKE-SECRET-abc123",
+        extra={"role_arn": role, "region_name": "us-east-1"},
+    )
+    worker = worker_env_from_connections(s3_conn_id="s3_role")
+    assert worker["AWS_SESSION_TOKEN"] and worker["AWS_ACCESS_KEY_ID"] != "AKIAJ7Q2X4K9LMN3PQRS"  # the role's
+    forwarded = job_env_from_connections(s3_conn_id="s3_role", forward_credentials=True)
+    assert forwarded["AWS_ACCESS_KEY_ID"] != "AKIAJ7Q2X4K9LMN3PQRS" and forwarded["AWS_CREDENTIAL_EXPIRATION"]
+    assert "FAKE-SECRET-abc123" not in json.dumps(forwarded)
 
 
 def test_merge_env_vars_overrides_and_validates() -> None:
