@@ -19,6 +19,8 @@ echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy" && .venv/bin/mypy
 # The layer contracts of pyproject.toml ([tool.importlinter]); dags/ and plugins/ are import roots.
 echo "== lint-imports" && PYTHONPATH="$PWD:$PWD/plugins:$PWD/dags" .venv/bin/lint-imports
+# The documentation site (mkdocs.yml): strict, so a broken link, anchor or page left out of the nav fails.
+echo "== docs" && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
 marker="not slow"
 [ "${RLHF_TEST_SLOW:-0}" = "1" ] && marker=""
 echo "== pytest"
