@@ -160,7 +160,7 @@ def _add_model_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _prepare_data(args: argparse.Namespace) -> int:
-    from rlhf_ops.data.prepare import prepare_from_args
+    from rlhf_ops.data.prepare_cli import prepare_from_args
 
     return prepare_from_args(args)
 
