@@ -83,7 +83,7 @@ class Transform:
 TRANSFORMS: dict[str, Transform] = {
     "gsm8k_final_answer": Transform(gsm8k_final_answer, False, "GSM8K answer after '####', commas removed"),
     "math_last_boxed": Transform(math_last_boxed, False, "content of the last \\boxed{...} (MATH solutions)"),
-    TEMPLATE: Transform(template, True, "template:<text with {}>: the value placed into a text (last step)"),
+    TEMPLATE: Transform(template, True, "'template:<text with {}>' puts the value into a text (the last step)"),
     "strip": Transform(strip, False, "remove surrounding whitespace"),
 }
 
