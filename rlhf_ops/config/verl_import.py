@@ -10,6 +10,8 @@ key it could not carry over and why.
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 import shlex
 from collections.abc import Mapping
@@ -23,8 +25,11 @@ from rlhf_ops.config.loader import build_config, parse_override
 from rlhf_ops.config.verl_compat import DOCS, Translation, flatten, nest, translate
 
 _ENTRY_MODULE = re.compile(r"verl\.trainer\.main_\w+")
-_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
-_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+|local\s+)?([A-Za-z_]\w*)=(.*)$")
+_ARRAY_START = re.compile(r"^\s*(?:local\s+|declare\s+-a\s+)?([A-Za-z_]\w*)=\((.*)$")
+_ARRAY_USE = re.compile(r"\"?\$\{(\w+)\[[@*]\]\}\"?")
+_ARITHMETIC = re.compile(r"\$\(\(([^()]*(?:\([^()]*\)[^()]*)*)\)\)")
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 _SHELL_OPERATORS = ("|", "||", "&&", ";", "&")
 VERL_DEVICE = "cuda"  # verl's trainer.device default (ours is cpu)
 VERL_REWARD = "default"  # verl's default_compute_score: the rule reward chosen by each row's data_source
@@ -40,17 +45,63 @@ class Conversion:
     notes: list[str] = field(default_factory=list)
 
 
+def _integer(node: ast.AST) -> int:
+    """An integer expression of ``$((...))`` (``+ - * /`` on integers); anything else raises ValueError."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp):
+        op = _OPERATORS.get(ast.FloorDiv if isinstance(node.op, ast.Div) else type(node.op))
+        if op is not None:
+            return int(op(_integer(node.left), _integer(node.right)))
+    raise ValueError("not shell integer arithmetic")
+
+
+def _arithmetic(match: re.Match[str]) -> str:
+    try:
+        return str(_integer(ast.parse(match.group(1).strip(), mode="eval").body))
+    except (ValueError, SyntaxError, ZeroDivisionError):
+        return match.group(0)  # left as written: reported as an unset variable
+
+
+def _braced(text: str, start: int) -> int:
+    """The index just past the ``}`` that closes the ``${`` at ``start`` (nested ``${...}`` allowed)."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def _parameter(inner: str, variables: Mapping[str, str]) -> str | None:
+    """``NAME``, ``NAME:-default`` or ``NAME-default`` (the inside of ``${...}``); None when NAME is unset."""
+    match = re.match(r"(\w+)(?::?-(.*))?$", inner, re.S)
+    if not match:
+        return None
+    if match.group(1) in variables:
+        return variables[match.group(1)]
+    default = match.group(2)
+    return _expand(default, variables).strip("\"'") if default is not None else None
+
+
 def _expand(text: str, variables: Mapping[str, str]) -> str:
-    """``$VAR``, ``${VAR}`` and ``${VAR:-default}`` replaced; an unknown variable without a default stays."""
-
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(3)
-        if name in variables:
-            return variables[name]
-        default = match.group(2)
-        return _expand(default, variables) if default is not None else match.group(0)
-
-    return _VARIABLE.sub(one, text)
+    """``${ARR[@]}``, ``$VAR``, ``${VAR}``, ``${VAR:-default}`` and ``$((1024 * 2))`` replaced as bash would;
+    an unknown variable without a default stays as written (and is reported)."""
+    text = _ARRAY_USE.sub(lambda m: variables.get(f"{m.group(1)}[@]", m.group(0)), text)
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("${", i):
+            end = _braced(text, i + 1)
+            value = _parameter(text[i + 2 : end - 1], variables)
+            out.append(text[i:end] if value is None else value)
+            i = end
+        elif (name := re.match(r"\$(\w+)", text[i:])) and not text.startswith("$((", i):
+            out.append(variables.get(name.group(1), name.group(0)))
+            i += len(name.group(0))
+        else:
+            out.append(text[i])
+            i += 1
+    return _ARITHMETIC.sub(_arithmetic, "".join(out))
 
 
 def _words(text: str) -> list[str]:
@@ -63,7 +114,7 @@ def _words(text: str) -> list[str]:
 def _assign(line: str, variables: dict[str, str]) -> None:
     """A shell assignment (``NAME=value``, ``export NAME=value``) recorded with its value expanded."""
     match = _ASSIGNMENT.match(line)
-    if match and "$(" not in match.group(2) and "`" not in match.group(2):
+    if match and not re.search(r"\$\((?!\()|`", match.group(2)):  # $(command): not run here
         words = _words(_expand(match.group(2), variables))
         variables[match.group(1)] = " ".join(words)
 
@@ -72,10 +123,18 @@ def script_overrides(text: str, environ: Mapping[str, str]) -> tuple[list[str], 
     """The ``key=value`` words a verl script passes to ``verl.trainer.main_ppo`` (or a bare override list)."""
     text = re.sub(r"\\\r?\n", " ", text)  # line continuations: one command per line
     variables, command = dict(environ), None
-    for line in text.splitlines():
+    lines = iter(text.splitlines())
+    for line in lines:
         if _ENTRY_MODULE.search(line):
             command = line
             break
+        if array := _ARRAY_START.match(line):  # NAME=( word ... ) over one or more lines
+            body = array.group(2)
+            while not body.rstrip().endswith(")"):
+                body += "\n" + next(lines, ")")
+            words = _words(_expand(body.rstrip()[:-1], variables))
+            variables[f"{array.group(1)}[@]"] = " ".join(shlex.quote(word) for word in words)
+            continue
         _assign(line, variables)
     words = _words(_expand(command if command is not None else text, variables))
     if command is not None:

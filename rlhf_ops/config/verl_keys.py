@@ -92,6 +92,10 @@ def resume_mode(value: Any) -> Any:
 # --- groups of keys that repeat per role -----------------------------------------------------------------
 _DEFAULTED = "not exposed here (or not a verl key: check its spelling)"
 _MEGATRON = "Megatron-LM parallelism is not supported here (FSDP2 and Ulysses only)"
+_NO_COMPILE = Drop("torch.compile is not applied here (no effect on results)", inert=(True, False))
+_MEMORY_ONLY = Drop(
+    "a verl memory saving with no effect on results; log-probs are computed in chunks here", inert=(True, False)
+)
 
 
 def _fsdp(verl: str, native: str) -> dict[str, Entry]:
@@ -118,7 +122,10 @@ def _fsdp(verl: str, native: str) -> dict[str, Entry]:
         f"{verl}.ulysses_sequence_parallel_size": Drop(
             "Ulysses is set per role", native.replace(".fsdp", ".ulysses_sequence_parallel_size"), inert=(1,)
         ),
-        f"{verl}.*": Drop(f"{_DEFAULTED} (torch.compile, determinism, entropy chunking are not exposed)"),
+        f"{verl}.use_torch_compile": _NO_COMPILE,
+        f"{verl}.entropy_from_logits_with_chunking": _MEMORY_ONLY,
+        f"{verl}.entropy_checkpointing": _MEMORY_ONLY,
+        f"{verl}.*": Drop(_DEFAULTED),
     }
 
 
@@ -159,6 +166,9 @@ VERL_KEYS: dict[str, Entry] = {
     "actor_rollout_ref.model.lora_alpha": Carry("model.lora.alpha"),
     "actor_rollout_ref.model.target_modules": Carry("model.lora.target_modules"),
     "actor_rollout_ref.model.use_liger": Carry("model.use_liger"),
+    "actor_rollout_ref.model.lora.rank": Carry("model.lora.rank"),
+    "actor_rollout_ref.model.lora.alpha": Carry("model.lora.alpha"),
+    "actor_rollout_ref.model.lora.target_modules": Carry("model.lora.target_modules"),
     "actor_rollout_ref.model.use_fused_kernels": Drop("the fused log-prob kernel is always used", inert=(True, False)),
     "actor_rollout_ref.model.external_lib": Drop(
         "custom modelling code comes from the model folder", "model.trust_remote_code"
@@ -206,6 +216,9 @@ VERL_KEYS: dict[str, Entry] = {
     "actor_rollout_ref.actor.checkpoint.*": Drop("checkpoints always hold model, optimizer and trainer state"),
     "actor_rollout_ref.actor.profiler.*": Drop("profiling is set per run", "trainer.profile_steps"),
     "actor_rollout_ref.actor.entropy_coeff_schedule": Drop("the entropy bonus is constant", "algorithm.entropy_coeff"),
+    "actor_rollout_ref.actor.use_torch_compile": _NO_COMPILE,
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": _MEMORY_ONLY,
+    "actor_rollout_ref.actor.entropy_checkpointing": _MEMORY_ONLY,
     "actor_rollout_ref.actor.*": Drop(_DEFAULTED),
     # --- reference policy ---------------------------------------------------------------------------------
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": Carry("ref.log_prob_micro_batch_size_per_gpu"),
@@ -217,6 +230,7 @@ VERL_KEYS: dict[str, Entry] = {
     "actor_rollout_ref.ref.strategy": Drop(_MEGATRON, "ref.fsdp", inert=("fsdp", "fsdp2")),
     "actor_rollout_ref.ref.megatron.*": Drop(_MEGATRON, "ref.fsdp"),
     **_fsdp("actor_rollout_ref.ref.fsdp_config", "ref.fsdp"),
+    "actor_rollout_ref.ref.use_torch_compile": _NO_COMPILE,
     "actor_rollout_ref.ref.*": Drop(_DEFAULTED),
     # --- rollout ------------------------------------------------------------------------------------------
     f"{_ROLLOUT}.name": Carry(
@@ -318,6 +332,13 @@ VERL_KEYS: dict[str, Entry] = {
     "reward_model.overlong_buffer.enable": Carry("reward.overlong_buffer.enable"),
     "reward_model.overlong_buffer.len": Carry("reward.overlong_buffer.len"),
     "reward_model.overlong_buffer.penalty_factor": Carry("reward.overlong_buffer.penalty_factor"),
+    "reward_model.rollout.*": Drop(
+        "a generative reward model served by a rollout engine is not supported (a scoring model is)",
+        "reward.model_path",
+    ),
+    "reward_model.use_reward_loop": Drop("rewards are scored by the trainer's reward step", inert=(True, False)),
+    "reward_model.num_workers": Drop("rewards are scored by the trainer's reward step", inert=(1,)),
+    "reward_model.launch_reward_fn_async": Drop("rewards are scored by the trainer's reward step", inert=(False,)),
     "reward_model.sandbox_fusion.*": Drop("code runs in this platform's sandbox (tools), not SandboxFusion"),
     "reward_model.*": Drop(_DEFAULTED, "reward"),
     "reward_manager.*": Drop("one reward manager here", "reward.reward_fn"),

@@ -123,6 +123,7 @@ actor_rollout_ref:
     ppo_micro_batch_size_per_gpu: 8
     use_remove_padding: ${oc.select:actor_rollout_ref.model.use_remove_padding,false}
     fsdp_config: {param_offload: false, model_dtype: fp32, dtype: bfloat16, use_torch_compile: true}
+    use_prefix_grouper: true
   rollout:
     name: vllm
     n: 8
@@ -132,8 +133,8 @@ custom_reward_function: {path: /opt/rewards/gsm8k_reward.py, name: compute_score
 trainer: {n_gpus_per_node: 8, save_freq: -1, default_local_dir: /ckpt, use_legacy_worker_impl: auto}
 """
     conversion = convert(verl_yaml, is_yaml=True, environ={})
-    (problem,) = conversion.problems  # torch.compile is verl's default, not a setting here
-    assert str(problem).startswith("actor_rollout_ref.actor.fsdp_config.use_torch_compile: this verl setting")
+    (problem,) = conversion.problems  # torch.compile (verl's default) has no effect here; the prefix grouper is not
+    assert str(problem).startswith("actor_rollout_ref.actor.use_prefix_grouper: this verl setting (= True) has no")
     preset = conversion.preset
     assert preset["actor"]["optim"] == {"lr": 1e-6}  # lr_warmup_steps=-1: verl's "not set"
     assert preset["actor"]["grad_clip"] == 0.5 and preset["actor"]["fsdp"]["master_dtype"] == "float32"
@@ -149,3 +150,31 @@ def test_the_migration_page_is_generated_from_the_table() -> None:
     page = REPO / "docs" / "verl_migration.md"
     assert page.read_text() == migration_markdown(), "docs are stale: run python scripts/gen_verl_docs.py"
     assert "| `actor_rollout_ref.actor.optim.lr` | `actor.optim.lr` |" in page.read_text()
+
+
+def test_scripts_that_build_bash_arrays_and_arithmetic_are_read_like_bash() -> None:
+    # The layout of verl's newer examples (run_qwen2-32b_sglang_fsdp_npu.sh): settings in arrays, sizes computed.
+    script = """
+RAY_DATA_HOME=${RAY_DATA_HOME:-"${HOME}/verl"}
+TRAIN_FILE=${TRAIN_FILE:-"${RAY_DATA_HOME}/datasets/deepscaler/train.parquet"}
+max_response_length=$((1024 * 8))
+DATA_CONFIG=(
+    data.train_files="${TRAIN_FILE}"
+    data.max_response_length=${max_response_length}
+)
+ROLLOUT_CONFIG=( actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.dtype=bf16 )
+python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_trainer.yaml' \\
+    "${DATA_CONFIG[@]}" \\
+    "${ROLLOUT_CONFIG[@]}" \\
+    trainer.total_epochs=${EPOCHS} \\
+    "$@" | tee log.txt
+"""
+    overrides, problems = script_overrides(script, {"HOME": "/home/me"})
+    assert overrides == [
+        "data.train_files=/home/me/verl/datasets/deepscaler/train.parquet",
+        "data.max_response_length=8192",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.rollout.dtype=bf16",
+    ]
+    (problem,) = problems  # $EPOCHS is set nowhere: named, not guessed
+    assert str(problem).startswith("trainer.total_epochs: uses a shell variable the script does not set")
