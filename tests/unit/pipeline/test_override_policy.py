@@ -36,3 +36,14 @@ def test_every_default_allowed_override_names_a_config_key() -> None:
     assert "actor.optim.lr" in keys and "reward.overlong_buffer.len" in keys  # the walk reaches nested sections
     dead = [p for p in DEFAULT_ALLOWED_OVERRIDES if not fnmatch.filter(keys, p)]
     assert dead == [], f"allowed overrides that match no config key: {dead}"
+
+
+def test_verl_names_are_judged_by_the_key_they_set() -> None:
+    from rlhf_ops.pipeline.override_policy import OverridePolicy
+
+    policy = OverridePolicy()
+    allowed = ["actor_rollout_ref.actor.optim.lr=1e-6", "data.max_response_length=64", "actor_rollout_ref.rollout.n=8"]
+    assert policy.problems(allowed) == []
+    # verl's names cannot reach what the form may not set: the reward function, the device, the cluster size.
+    refused = ["custom_reward_function.path=/tmp/evil.py", "trainer.device=cuda", "trainer.n_gpus_per_node=64"]
+    assert [p.message.split("'")[1] for p in policy.problems(refused)] == [o.partition("=")[0] for o in refused]
