@@ -1,4 +1,4 @@
-"""The ``rlhf`` command line: ``config show|schema|presets``, ``train``, ``sft``, ``prepare-data``, ``model
+"""The ``rlhf`` command line: ``config show|schema|presets|from-verl``, ``train``, ``sft``, ``prepare-data``, ``model
 import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and ``pipeline-job`` (the Ray job
 entrypoint of the pipeline's heavy tasks). Heavy imports (torch, Ray) happen inside the command that needs them.
 """
@@ -59,6 +59,12 @@ def _preflight(run: RunConfig) -> int:
 def _config_schema(args: argparse.Namespace) -> int:
     print(json.dumps(RunConfig.model_json_schema(), indent=2))
     return 0
+
+
+def _config_from_verl(args: argparse.Namespace) -> int:
+    from rlhf_ops.config.verl_import import from_verl_command
+
+    return from_verl_command(args.source, out=args.out, environ=os.environ)
 
 
 def _config_presets(args: argparse.Namespace) -> int:
@@ -160,7 +166,7 @@ def _add_model_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _prepare_data(args: argparse.Namespace) -> int:
-    from rlhf_ops.data.prepare import prepare_from_args
+    from rlhf_ops.data.prepare_cli import prepare_from_args
 
     return prepare_from_args(args)
 
@@ -175,7 +181,14 @@ def _add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     prep.add_argument("--val-source", default=None, help="separate validation rows (--val-fraction ignored)")
     prep.add_argument("--val-fraction", type=float, default=None, help="share of prompts hashed into val (0.05)")
     prep.add_argument("--seed", type=int, default=None, help="seed of the split hash (default 0)")
-    prep.add_argument("--field", action="append", default=[], metavar="OURS=THEIRS", help="e.g. ground_truth=answer")
+    prep.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="OURS=THEIRS",
+        help="e.g. ground_truth='answer|gsm8k_final_answer' (transforms: gsm8k_final_answer, math_last_boxed, "
+        "strip, template:<text with {}>)",
+    )
     prep.add_argument("--prompt-format", choices=("auto", "text", "chat"), default=None)
     prep.add_argument("--system-prompt", default=None, help="needs --prompt-format chat")
     prep.add_argument("--prompt-template", default=None, help="template with {prompt}")
@@ -233,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_config_show)
     config_sub.add_parser("schema", help="print the JSON Schema of the config").set_defaults(func=_config_schema)
     config_sub.add_parser("presets", help="list shipped presets").set_defaults(func=_config_presets)
+    from_verl = config_sub.add_parser(
+        "from-verl", help="turn a verl launch script, override list or YAML into a preset file here"
+    )
+    from_verl.add_argument("source", help="a verl script (python3 -m verl.trainer.main_ppo k=v ...) or verl YAML")
+    from_verl.add_argument("-o", "--out", default=None, help="preset file to write (default: stdout)")
+    from_verl.set_defaults(func=_config_from_verl)
 
     for name, (module, help_line) in HANDED_OFF.items():  # listed here; main() hands them off before parsing
         handed = sub.add_parser(name, help=help_line, add_help=False)

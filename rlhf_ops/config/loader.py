@@ -1,7 +1,9 @@
 """Loading a :class:`RunConfig`: a YAML preset (shipped name or file), then dotted overrides.
 
 ``load_config("tiny-cpu", ["algorithm.kl_ctrl.kl_coef=0.02", "rollout.n=8"])``: values of overrides
-are parsed as YAML scalars/lists (``true``, ``1e-6``, ``[a, b]``); ``key=null`` sets None.
+are parsed as YAML scalars/lists (``true``, ``1e-6``, ``[a, b]``); ``key=null`` sets None. verl's key names
+(``actor_rollout_ref.actor.optim.lr``) are accepted in both and stored under ours
+(:mod:`rlhf_ops.config.verl_compat`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, from_validation_error, one_line, shown_value
 from rlhf_ops.config.schema import RunConfig
 from rlhf_ops.config.validate import check_config
+from rlhf_ops.config.verl_compat import translate_mapping, translate_or_raise
 
 PRESET_PACKAGE = "rlhf_ops.config.presets"
 
@@ -44,7 +47,7 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict):
         raise ConfigError([ConfigProblem("preset", f"{preset} is not a mapping", "write key: value pairs")])
-    return data
+    return translate_mapping(data)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -64,11 +67,17 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """A copy of ``data`` with every override applied (creating intermediate mappings)."""
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str], *, verl_names: bool = True) -> dict[str, Any]:
+    """A copy of ``data`` with every override applied (creating intermediate mappings).
+
+    ``verl_names``: verl's keys are translated to ours first (all refused ones raised at once).
+    """
     out = copy.deepcopy(dict(data))
-    for item in overrides:
-        path, value = parse_override(item)
+    pairs = [(".".join(path), value) for path, value in map(parse_override, overrides)]
+    if verl_names:
+        pairs = translate_or_raise(pairs)
+    for item, value in pairs:
+        path = item.split(".")
         node = out
         for i, part in enumerate(path[:-1]):
             child = node.setdefault(part, {})

@@ -426,7 +426,9 @@ class TrainerConfig(FaultToleranceKeys):
         "checkpoints", description="Local folder for checkpoints."
     )
     remote_store_url: Annotated[str | None, not_blank("set a URL, or null to keep checkpoints local only")] = Field(
-        None, description="file://, s3://, hdfs:// or webhdfs:// URL to sync to."
+        None,
+        description="URL to sync to: file://, s3://, hdfs://, webhdfs:// or any protocol whose fsspec "
+        "implementation is installed (gs:// with gcsfs, abfs:// with adlfs...).",
     )
     shared_checkpoint_root: bool = Field(
         True,

@@ -148,7 +148,7 @@ def load_sft_config(preset: str | None, overrides: Sequence[str] = ()) -> SFTCon
     Raises:
         ConfigError: with every problem (one line each: key, what is wrong, the fix).
     """
-    data = apply_overrides(_read(preset), overrides)
+    data = apply_overrides(_read(preset), overrides, verl_names=False)
     try:
         cfg = SFTConfig.model_validate(data)
     except ValidationError as exc:

@@ -18,11 +18,9 @@ from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 from rlhf_ops.extensions import ROLLOUT_ENGINES
+from rlhf_ops.fs_protocols import unknown_protocol_problem
 from rlhf_ops.sampling import rollout_logprobs_comparable
 
-# URL schemes a checkpoint can be read from (rlhf_ops.storage.SUPPORTED_SCHEMES; not imported: config stays
-# free of the storage stack, a test keeps the two equal).
-CHECKPOINT_SCHEMES = ("file", "s3", "hdfs", "webhdfs")
 RESUME_KEYWORDS = ("auto", "disable")
 
 
@@ -175,7 +173,8 @@ def _resume_mode_problem(mode: str) -> ConfigProblem | None:
             parts = urlsplit(mode)
         except ValueError as exc:  # e.g. an unclosed '[' of an IPv6 host
             return ConfigProblem("trainer.resume_mode", f"{shown_value(mode)} is not a valid URL ({exc})", fix)
-        if parts.scheme.lower() not in CHECKPOINT_SCHEMES or not (parts.netloc or parts.path.strip("/")):
+        # Any protocol fsspec knows (its implementation is imported where the checkpoint is read, not here).
+        if unknown_protocol_problem(parts.scheme.lower()) or not (parts.netloc or parts.path.strip("/")):
             return ConfigProblem(
                 "trainer.resume_mode", f"{shown_value(mode)} is not a checkpoint URL of a known scheme", fix
             )

@@ -22,7 +22,6 @@ files carry no timestamps, so a retry rewrites identical bytes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import itertools
@@ -31,7 +30,6 @@ import logging
 import math
 import os
 import re
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Mapping
@@ -44,6 +42,12 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlhf_ops.data.field_transforms import (
+    FieldSource,
+    absent_column_problem,
+    parse_field_source,
+    transform_row_value,
+)
 from rlhf_ops.data.row_text import data_source_problem, text_problem
 from rlhf_ops.data.sources import RawRow, Reject, iter_source, open_fs
 from rlhf_ops.storage.stores import redact_url as _redact
@@ -77,8 +81,11 @@ class PrepareSpec(BaseModel):
 
     source: str = Field(..., min_length=1, description="JSONL/Parquet file, shard folder, HF folder, builtin:<task>")
     val_source: str | None = Field(default=None, description="Validation rows; when set, val_fraction is ignored.")
-    # field_map: our column -> source column or dotted path; unmapped ground_truth falls back to verl's layout.
-    field_map: dict[str, str] = Field(default_factory=dict, description="e.g. {'prompt': 'question'}")
+    # field_map: our column -> source column or dotted path, then named transforms (rlhf_ops.data.field_transforms);
+    # unmapped ground_truth falls back to verl's layout.
+    field_map: dict[str, str] = Field(
+        default_factory=dict, description="e.g. {'prompt': 'question', 'ground_truth': 'answer|gsm8k_final_answer'}"
+    )
     # chat: a text prompt becomes one user message; text: chat rows are rejected; auto: keep each row's form.
     prompt_format: Literal["auto", "text", "chat"] = "auto"
     system_prompt: str | None = Field(default=None, description="System message added to chat prompts without one.")
@@ -98,7 +105,13 @@ class PrepareSpec(BaseModel):
             raise ValueError(
                 f"field_map={value}: map only {[*FIELDS, IMAGES_FIELD]}, each to a source column or dotted path"
             )
+        for field, text in value.items():
+            parse_field_source(field, text)
         return value
+
+    def sources(self) -> dict[str, FieldSource]:
+        """Each of our fields' source column and transforms (the field's own name when unmapped)."""
+        return {name: parse_field_source(name, self.field_map.get(name, name)) for name in FIELDS}
 
     @model_validator(mode="after")
     def _consistent(self) -> PrepareSpec:
@@ -205,16 +218,20 @@ def _candidate(raw: RawRow, split: str | None, spec: PrepareSpec, default_source
         raise Reject("not_an_object", f"row is {type(row).__name__}; expected an object with named fields")
     if (bad_text := text_problem(row)) is not None:
         raise Reject("invalid_text", bad_text)
-    fields = {name: spec.field_map.get(name, name) for name in FIELDS}
+    sources = spec.sources()
+    fields = {name: source.column for name, source in sources.items()}
     value = _lookup(row, fields["prompt"])
     if value is _MISSING:
         raise Reject("missing_prompt", f"no prompt field {fields['prompt']!r} (field_map.prompt); has {sorted(row)}")
     key = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    prompt = _format_prompt(value, spec)
+    prompt = _format_prompt(transform_row_value(sources["prompt"], "prompt", value, missing=False), spec)
     verl = "ground_truth" not in spec.field_map and "ground_truth" not in row  # verl nests it in reward_model
     gt_path = _VERL_GROUND_TRUTH if verl else fields["ground_truth"]
+    truth = _lookup(row, gt_path)
     columns: dict[str, Any] = {
-        "ground_truth": _scalar(row, gt_path, "ground_truth", ""),
+        "ground_truth": transform_row_value(sources["ground_truth"], "ground_truth", truth, missing=truth is _MISSING)
+        if sources["ground_truth"].steps
+        else _scalar(row, gt_path, "ground_truth", ""),
         "data_source": _scalar(row, fields["data_source"], "data_source", default_source),
         "extra_info": _extra_info(row, fields["extra_info"]),
         "ability": _scalar(row, fields["ability"], "ability", ""),
@@ -253,14 +270,22 @@ def _rejection(raw: RawRow, reject: Reject) -> Row:
 def _read(spec: PrepareSpec, storage_options: Mapping[str, Any] | None) -> list[_Candidate | Row]:
     """Every row of the sources in order: a candidate, or the rejected.jsonl record of a row that failed."""
     items: list[_Candidate | Row] = []
+    sources = spec.sources()
     for url, split in [(spec.source, None)] + ([(spec.val_source, "val")] if spec.val_source else []):
         default_source = spec.default_data_source or _redact(url)
         rows = iter_source(url, limit=spec.limit, seed=spec.seed, storage_options=storage_options)
+        present: set[str] = set()  # transformed columns some row has: none means a wrong field_map, not bad rows
+        example = None
         for raw in itertools.islice(rows, spec.limit):
+            if isinstance(raw.row, dict):
+                example = example or raw.row
+                present.update(s.column for s in sources.values() if _lookup(raw.row, s.column) is not _MISSING)
             try:
                 items.append(_candidate(raw, split, spec, default_source))
             except Reject as reject:
                 items.append(_rejection(raw, reject))
+        if problem := absent_column_problem(sources, present, example):
+            raise ValueError(f"{problem} (source {_redact(url)})")
     return items
 
 
@@ -453,28 +478,3 @@ def prepare_dataset(
         num_rejected=len(rejected),
         rejected_fraction=manifest["rejected_fraction"],
     )
-
-
-def prepare_from_args(args: argparse.Namespace) -> int:
-    """Runs ``rlhf prepare-data``: prints the result as JSON; exit 0, 2 (bad input) or 3 (data quality).
-
-    ``args``: :class:`PrepareSpec` fields by name (None keeps the default), ``out``, ``run_id``, ``tokenizer`` (a
-    directory or ``builtin:tiny-llama``), ``field`` (``OURS=THEIRS`` strings) and ``no_chat_template``.
-    """
-    try:
-        pairs = [item.partition("=") for item in args.field or []]
-        if not all(ours and sep and theirs for ours, sep, theirs in pairs):
-            raise ValueError(f"--field takes OURS=THEIRS (e.g. prompt=question), got {args.field}")
-        options = {k: v for k, v in vars(args).items() if k in PrepareSpec.model_fields and v is not None}
-        options.update(field_map={o: t for o, _, t in pairs}, apply_chat_template=not args.no_chat_template)
-        spec = PrepareSpec(**options)
-        from rlhf_ops.data.images import load_tokenizer_or_processor
-        from rlhf_ops.models.resolve import resolve_model_path
-
-        tokenizer = load_tokenizer_or_processor(resolve_model_path(args.tokenizer))  # a VLM's: its processor
-        result = prepare_dataset(spec, out_url=args.out, run_id=args.run_id, tokenizer=tokenizer)
-    except ValueError as exc:  # also pydantic's ValidationError
-        print(f"error: {exc}", file=sys.stderr)
-        return 3 if isinstance(exc, DataQualityError) else 2
-    print(result.model_dump_json(indent=2))
-    return 0

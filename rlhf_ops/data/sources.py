@@ -14,10 +14,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from rlhf_ops.data.toy_tasks import make_toy_dataset
-from rlhf_ops.storage.stores import SUPPORTED_SCHEMES, open_store, url_scheme
+from rlhf_ops.storage.stores import open_store
 from rlhf_ops.storage.stores import redact_url as _redact
 
 BUILTIN_TOY_ROWS = 512  # rows of a builtin toy source without ``limit`` (DataConfig.toy_rows' default)
@@ -37,11 +36,9 @@ class RawRow(NamedTuple):
 
 
 def open_fs(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """(filesystem, path without a trailing ``/``) of ``url``: our stores' own options for s3 / hdfs, else fsspec's."""
-    if url_scheme(url) in SUPPORTED_SCHEMES:  # S3 endpoint/region from the environment, botocore retries
-        return open_store(url, storage_options=storage_options)
-    fs, path = url_to_fs(url, **dict(storage_options or {}))
-    return fs, str(path).rstrip("/")
+    """(filesystem, path without a trailing ``/``) of ``url``: any installed fsspec protocol, with our stores'
+    own options for s3 / hdfs (S3 endpoint/region from the environment, botocore retries)."""
+    return open_store(url, storage_options=storage_options)
 
 
 def _file_kind(path: str) -> str | None:

@@ -26,7 +26,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rlhf_ops.config.errors import ConfigProblem
+from rlhf_ops.config import ConfigError, ConfigProblem
+from rlhf_ops.config.loader import parse_override
+from rlhf_ops.config.verl_compat import translate
 
 DEFAULT_ALLOWED_OVERRIDES: tuple[str, ...] = (
     "algorithm.*",
@@ -144,7 +146,7 @@ class OverridePolicy:
             if item in self.trusted:
                 continue
             key = item.partition("=")[0].strip()
-            if not self.allows(key):
+            if not all(self.allows(native) for native in _native_keys(item)):
                 out.append(
                     ConfigProblem(
                         "overrides",
@@ -185,3 +187,15 @@ class OverridePolicy:
             py_modules=[*self.code.py_modules, *extra.py_modules],
             pip=[*self.code.pip, *extra.pip],
         )
+
+
+def _native_keys(item: str) -> list[str]:
+    """The keys here an override sets: verl's names translated (``actor_rollout_ref.actor.optim.lr`` is
+    ``actor.optim.lr``), so the policy judges what is set, whatever it is called; unreadable: the key as typed."""
+    try:
+        path, value = parse_override(item)
+    except ConfigError:
+        return [item.partition("=")[0].strip()]
+    key = ".".join(path)
+    translation = translate([(key, value)])
+    return [native for native, _ in translation.pairs] or [key.lstrip("+")]

@@ -23,7 +23,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from rlhf_ops.config.loader import list_presets
+from rlhf_ops.data.field_transforms import parse_field_source
 from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS, choice_check
+from rlhf_ops.fs_protocols import unknown_protocol_problem, url_scheme
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.promotion import PER_PROMPT_COLUMNS, PromotionSpec
 
@@ -89,7 +91,9 @@ class PipelineParams(BaseModel):
     )
     field_map: dict[DataField, NonEmpty] = Field(
         default_factory=dict,
-        description='Our column -> the source\'s column or dotted path, e.g. {"prompt": "question"}.',
+        description='Our column -> the source\'s column or dotted path, then named transforms after "|", e.g. '
+        '{"prompt": "question", "ground_truth": "answer|gsm8k_final_answer"} (gsm8k_final_answer, '
+        "math_last_boxed, strip, template:<text with {}>).",
         json_schema_extra=_in(DATA),
     )
     max_rejected_fraction: float = Field(
@@ -136,8 +140,9 @@ class PipelineParams(BaseModel):
     )
     remote_store_url: str | None = Field(
         None,
-        pattern="^(file|s3|hdfs|webhdfs)://.+",
-        description="Checkpoint store: file://, s3://, hdfs://, webhdfs://; empty: none.",
+        pattern="^[A-Za-z][A-Za-z0-9+.-]*://.+",
+        description="Checkpoint store: file://, s3://, hdfs://, webhdfs:// or any installed fsspec protocol "
+        "(gs://, abfs://...); empty: none.",
         json_schema_extra=_in(STORE),
     )
     ray_address: str | None = Field(
@@ -214,6 +219,21 @@ class PipelineParams(BaseModel):
         presets = list_presets()
         if value not in presets:
             raise ValueError(f"preset {value!r} is not a shipped preset; choose one of {presets}")
+        return value
+
+    @field_validator("field_map")
+    @classmethod
+    def _field_transforms(cls, value: dict[str, str]) -> dict[str, str]:
+        for field, text in value.items():
+            parse_field_source(field, text)  # one line naming field_map.<field> and the fix
+        return value
+
+    @field_validator("remote_store_url")
+    @classmethod
+    def _known_protocol(cls, value: str | None) -> str | None:
+        problem = value and unknown_protocol_problem(url_scheme(value))
+        if problem:
+            raise ValueError(f"remote_store_url: {problem}")
         return value
 
     def registered_name(self, dag_id: str) -> str:

@@ -1,4 +1,6 @@
-"""Open a checkpoint store from a URL: ``file://`` or a plain path, ``s3://``, ``hdfs://``, ``webhdfs://``.
+"""Open a checkpoint store from a URL: ``file://`` or a plain path, ``s3://``, ``hdfs://``, ``webhdfs://``, or any
+other protocol whose fsspec implementation is installed (``gs://`` with gcsfs, ``abfs://`` with adlfs,
+``memory://``...; :mod:`rlhf_ops.fs_protocols`).
 
 Where credentials come from (never from the run config, never logged):
 
@@ -29,6 +31,11 @@ from urllib.parse import urlsplit, urlunsplit
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
+from rlhf_ops.fs_protocols import store_protocol_problem
+from rlhf_ops.fs_protocols import url_scheme as url_scheme
+
+# The schemes this module configures itself (S3 endpoint/region/retries, hdfs hints); every other installed
+# fsspec protocol is opened with the caller's storage options as they are.
 SUPPORTED_SCHEMES = ("file", "s3", "hdfs", "webhdfs")
 _S3_DEFAULT_RETRIES = {"mode": "standard", "total_max_attempts": 4}
 # Query parameters that carry credentials in error messages (WebHDFS delegation tokens, presigned S3 URLs).
@@ -42,11 +49,6 @@ def store_environment(environ: Mapping[str, str] | None = None) -> dict[str, str
     process that must open the same stores (a rank that uploads its own checkpoint shards)."""
     env = os.environ if environ is None else environ
     return {key: value for key, value in env.items() if key.startswith("AWS_")}
-
-
-def url_scheme(url: str) -> str:
-    """The scheme of a store URL; ``"file"`` for a plain path."""
-    return urlsplit(url).scheme.lower() if "://" in url else "file"
 
 
 def redact_url(url: str) -> str:
@@ -97,7 +99,8 @@ def open_store(url: str, *, storage_options: Mapping[str, Any] | None = None) ->
 
     Args:
         url: ``file:///abs/dir``, ``/abs/dir``, ``relative/dir``, ``s3://bucket/prefix``,
-            ``hdfs://host:port/dir`` or ``webhdfs://host:port/dir``.
+            ``hdfs://host:port/dir``, ``webhdfs://host:port/dir`` or ``<protocol>://...`` of any installed
+            fsspec implementation.
         storage_options: keyword arguments of the fsspec filesystem (credentials, endpoint); see the
             module docstring. Never logged.
 
@@ -106,11 +109,9 @@ def open_store(url: str, *, storage_options: Mapping[str, Any] | None = None) ->
         path otherwise), without a trailing ``/``.
     """
     scheme = url_scheme(url)
-    if scheme not in SUPPORTED_SCHEMES:
-        raise ValueError(
-            f"store URL {redact_url(url)!r} has unsupported scheme {scheme!r}; use one of "
-            + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
-        )
+    problem = store_protocol_problem(scheme)
+    if problem:
+        raise ValueError(f"store URL {redact_url(url)!r}: {problem}")
     options = dict(storage_options or {})
     if scheme == "file":
         options.setdefault("auto_mkdir", True)

@@ -81,7 +81,7 @@ def test_scheduled_specs(dagbag: Any) -> None:
     assert "scheduled" in weekly.tags
     gpu = dagbag.dags["rlhf_qwen2_5_0_5b_grpo_gpu_daily"]
     assert gpu.params["preset"] == "qwen2.5-0.5b-grpo-gpu"
-    assert gpu.params["field_map"] == {"prompt": "question", "ground_truth": "answer"}
+    assert gpu.params["field_map"]["ground_truth"] == "answer|gsm8k_final_answer"
     # its heavy tasks are Ray jobs like training (no executor queue of their own)
     assert gpu.get_task("evaluate.evaluate_checkpoint").queue == gpu.get_task("train").queue
     # the spec's cluster pool: training holds a node's 8 GPUs, each evaluation one; one run at a time
@@ -116,7 +116,7 @@ def test_parsing_imports_no_heavy_library() -> None:
         ("learning_rate", -1e-5),
         ("rollout_n", 0),
         ("overrides", ["no equals sign"]),
-        ("remote_store_url", "ftp://host/x"),
+        ("remote_store_url", "bucket/x"),  # no scheme (any installed fsspec protocol is a store)
         ("field_map", {"question": "prompt"}),
         ("kl_coef", "0.1"),
         ("warm_start", "yesterday"),

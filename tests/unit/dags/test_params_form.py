@@ -56,7 +56,9 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
     "field_map": (
         {},
         _DATA,
-        'Our column -> the source\'s column or dotted path, e.g. {"prompt": "question"}.',
+        'Our column -> the source\'s column or dotted path, then named transforms after "|", e.g. '
+        '{"prompt": "question", "ground_truth": "answer|gsm8k_final_answer"} (gsm8k_final_answer, '
+        "math_last_boxed, strip, template:<text with {}>).",
         {
             "type": "object",
             "propertyNames": {"enum": DATA_FIELDS},
@@ -110,8 +112,9 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
     "remote_store_url": (
         None,
         _STORE,
-        "Checkpoint store: file://, s3://, hdfs://, webhdfs://; empty: none.",
-        _nullable("string", pattern="^(file|s3|hdfs|webhdfs)://.+"),
+        "Checkpoint store: file://, s3://, hdfs://, webhdfs:// or any installed fsspec protocol "
+        "(gs://, abfs://...); empty: none.",
+        _nullable("string", pattern="^[A-Za-z][A-Za-z0-9+.-]*://.+"),
     ),
     "ray_address": (
         None,
@@ -236,6 +239,7 @@ CASES = [
     ("field_map", {"prompt": "question"}),
     ("field_map", {"question": "prompt"}),
     ("field_map", {"prompt": ""}),
+    ("field_map", {"ground_truth": "answer|gsm8k_final_answer"}),
     ("max_rejected_fraction", 1.0),
     ("max_rejected_fraction", 1.5),
     ("algorithm", None),
@@ -256,6 +260,8 @@ CASES = [
     ("overrides", ["no equals sign"]),
     ("remote_store_url", "s3://bucket/x"),
     ("remote_store_url", "ftp://host/x"),
+    ("remote_store_url", "gs://bucket/x"),
+    ("remote_store_url", "no scheme"),
     ("ray_address", "http://ray:8265"),
     ("ray_address", "ray://ray:10001"),
     ("work_dir", ""),

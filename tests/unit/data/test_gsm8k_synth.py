@@ -12,7 +12,7 @@ import pytest
 
 from rlhf_ops.data.dataset import PromptDataset
 from rlhf_ops.data.gsm8k_synth import HELDOUT_SHARE, INSTRUCTION, MAX_ROWS, heldout_point, make_gsm8k_synth
-from rlhf_ops.data.prepare import prepare_from_args
+from rlhf_ops.data.prepare_cli import prepare_from_args
 from rlhf_ops.data.toy_tasks import make_toy_dataset
 from rlhf_ops.rewards.default import default_compute_score
 from rlhf_ops.rewards.gsm8k import gsm8k_score

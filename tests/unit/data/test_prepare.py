@@ -26,9 +26,9 @@ from rlhf_ops.data.prepare import (
     DataQualityError,
     PrepareSpec,
     prepare_dataset,
-    prepare_from_args,
     split_point,
 )
+from rlhf_ops.data.prepare_cli import prepare_from_args
 from rlhf_ops.models.resolve import resolve_model_path
 
 

@@ -68,3 +68,14 @@ def test_the_specs_code_ships_and_the_form_ships_only_what_allowed_code_allows()
         policy.shipped_code({"py_module": ["x"]})
     with pytest.raises(ValueError, match=r"allowed_code has unknown key\(s\) \['pips'\]"):
         OverridePolicy.from_dict({"allowed_code": {"pips": ["*"]}})
+
+
+def test_verl_names_are_judged_by_the_key_they_set() -> None:
+    from rlhf_ops.pipeline.override_policy import OverridePolicy
+
+    policy = OverridePolicy()
+    allowed = ["actor_rollout_ref.actor.optim.lr=1e-6", "data.max_response_length=64", "actor_rollout_ref.rollout.n=8"]
+    assert policy.problems(allowed) == []
+    # verl's names cannot reach what the form may not set: the reward function, the device, the cluster size.
+    refused = ["custom_reward_function.path=/tmp/evil.py", "trainer.device=cuda", "trainer.n_gpus_per_node=64"]
+    assert [p.message.split("'")[1] for p in policy.problems(refused)] == [o.partition("=")[0] for o in refused]

@@ -56,9 +56,20 @@ def test_hdfs_without_a_jvm_explains_what_it_needs() -> None:
         open_store("hdfs://127.0.0.1:1/runs")
 
 
-def test_unsupported_scheme_names_the_supported_ones() -> None:
-    with pytest.raises(ValueError, match=r"unsupported scheme 'gs'; use one of file://, s3://, hdfs://, webhdfs://"):
-        open_store("gs://bucket/run")
+def test_unknown_protocol_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"fsspec knows no protocol 'nosuch'; use one of file://") as info:
+        open_store("nosuch://bucket/run")
+    assert "\n" not in str(info.value)
+
+
+def test_known_protocol_without_its_package_names_the_package() -> None:
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match=r"gs:// is not installed \(Please install gcsfs"):
+            open_store("gs://bucket/run")
+    else:
+        pytest.skip("gcsfs is installed")
 
 
 def test_urls_and_messages_are_redacted() -> None:
