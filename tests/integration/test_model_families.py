@@ -84,6 +84,8 @@ def _export_logits(model_dir: str, weights: dict[str, torch.Tensor], tmp: Path) 
     ckpt = tmp / "global_step_1"
     dcp.save({"model": weights}, checkpoint_id=str(ckpt / "actor"), no_dist=True)
     out = export_hf_model(ckpt, tmp / "hf", base_model_path=model_dir, verify=False)
+    card = (out / "README.md").read_text()  # every export carries its model card
+    assert f'base_model: "{model_dir}"' in card and "global_step_1`, step 1" in card
     ids, mask, pos = _padded_batch()
     with torch.no_grad():
         return _load(out)(input_ids=ids, attention_mask=mask, position_ids=pos).logits
