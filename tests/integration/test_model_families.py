@@ -8,7 +8,9 @@ soft-capping, fused q/k/v and gate/up). Per family:
   forward's), and an HF export of a DCP checkpoint reloads with bit-identical logits;
 - slow (~60-90 s each): two GRPO steps of the tiny-cpu preset on the family with the vLLM rollout (weights
   synced into the engine every step, remove padding on), the rollout/actor log-prob difference below 1e-4 after
-  every sync, and the step-2 checkpoint's HF export reloading with the actor's logits.
+  every sync, and the step-2 checkpoint's HF export reloading with the actor's logits. Gemma 2 found that vLLM's
+  Gemma has no ``lm_head`` (the embedding is its head) and refused the tied alias the sync sends; the engine now
+  drops it for such models (``workers/rollout/vllm_rollout.py``).
 """
 
 from __future__ import annotations
@@ -134,19 +136,9 @@ def _grpo_two_steps(model_dir: str, root: Path) -> tuple[list[dict[str, float]],
     return rows, run_dir / "global_step_2"
 
 
-# Gemma 2: vLLM's Gemma has no lm_head module (the embedding is the head) and refused the tied alias the sync sends;
-# the engine now drops it (workers/rollout/vllm_rollout.py), not yet run here through two steps.
-VLLM_FAMILIES = [
-    pytest.param(f, marks=pytest.mark.xfail(reason="not yet verified after the lm_head fix", strict=False))
-    if f == "gemma2"
-    else f
-    for f in FAMILIES
-]
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("family", VLLM_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_two_grpo_steps_with_vllm_rollout(family_dirs: dict[str, str], family: str, tmp_path: Path) -> None:
     from rlhf_ops.checkpoint.dcp_reader import read_model_state_dict
     from rlhf_ops.checkpoint.export import export_hf_model
