@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlhf_ops.checkpoint.model_card import ModelCard, write_model_card
 from rlhf_ops.storage.manifest import (
     CorruptCheckpointError,
     apply_default_modes,
@@ -162,8 +163,9 @@ def export_hf_model(
     verify: bool = True,
     overwrite: bool = False,
     trust_remote_code: bool = False,
+    card: ModelCard | None = None,
 ) -> Path:
-    """Writes ``<ckpt_dir>/<role>`` as an HF model folder ``out_dir`` (safetensors, config, tokenizer).
+    """Writes ``<ckpt_dir>/<role>`` as an HF model folder ``out_dir`` (safetensors, config, tokenizer, model card).
 
     Args:
         ckpt_dir: A local ``global_step_<N>`` folder.
@@ -176,6 +178,7 @@ def export_hf_model(
             ``CheckpointManager.save`` passes False: it exports before it writes the manifest.
         overwrite: Replace an existing ``out_dir``.
         trust_remote_code: Allow custom modelling code of the base model.
+        card: The model card (``README.md``); None writes one with the base model and the checkpoint only.
 
     Returns:
         ``out_dir`` as a Path.
@@ -208,6 +211,8 @@ def export_hf_model(
         info = {"checkpoint": str(ckpt.resolve()), "step": parse_step_dir(ckpt.name), "role": role}
         info["lora_merged"] = lora
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        step = parse_step_dir(ckpt.name)
+        write_model_card(tmp, card or ModelCard(base_model=base_model_path, checkpoint=str(ckpt.resolve()), step=step))
         apply_default_modes(tmp)  # safetensors writes 0600: readable by the serving / registering user too
         replace_dir(tmp, out)
     finally:

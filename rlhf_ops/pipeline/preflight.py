@@ -1,7 +1,8 @@
 """Pre-flight: everything a run needs, checked before any worker starts, one line per problem.
 
 :func:`preflight_problems` is the one check that ``rlhf train``, ``rlhf config show --check`` and the Airflow
-``preflight`` task share: model folders, tokenizer (pad / eos, a chat template for chat prompts), the reward
+``preflight`` task share: model folders, the policy's architecture against the engines
+(:mod:`rlhf_ops.pipeline.preflight_models`), tokenizer (pad / eos, a chat template for chat prompts), the reward
 function's import and signature, data files and their columns, the remote store, an explicit resume
 checkpoint and the MLflow server. Each problem names the config key and the fix; nothing raises a traceback.
 
@@ -36,6 +37,7 @@ from rlhf_ops.pipeline.preflight_checks import (
     check_tokenizer,
     check_tracking,
 )
+from rlhf_ops.pipeline.preflight_models import check_architecture
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,7 @@ def preflight_problems(
         problems += check_tokenizer(
             tokenizer_key, model.tokenizer_path or model.path, chat_prompts=chat_prompts, notes=notes
         )
+    problems += check_architecture(config)
     problems += check_reward_fn(config.reward.reward_fn)
     problems += extension_problems(config, strict=True)  # user entries import; engines' packages are installed
     problems += check_multi_turn(config.rollout.multi_turn)

@@ -1,7 +1,9 @@
 """The ``register_model`` task, and the warm start that reads its result back.
 
 ``register_best`` picks the best evaluated checkpoint (a later one replaces an earlier one only on a paired
-win, :mod:`rlhf_ops.pipeline.promotion`), logs its HF export to the pipeline's MLflow run (``model/``),
+win, :mod:`rlhf_ops.pipeline.promotion`), logs its HF export with its model card to the pipeline's MLflow run
+as an MLflow Model (``model/``, the transformers flavour: ``mlflow.pyfunc.load_model`` and ``mlflow models serve``
+load it; :mod:`rlhf_ops.tracking.mlflow_model`),
 registers it as a new version of the pipeline's registered model and moves the ``champion`` alias to it only
 on a win over the champion that holds on the eval set (:mod:`rlhf_ops.pipeline.champion`).
 ``fetch_champion`` (the ``fetch_champion`` Ray job) downloads ``models:/<name>@champion`` for a run that
@@ -18,6 +20,7 @@ from typing import Any
 from rlhf_ops.pipeline.checkpoints import collect_eval_reports, find_checkpoint, local_checkpoint
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.promotion import PromotionSpec
+from rlhf_ops.storage.manifest import step_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ def register_best(
         Raises:
             ValueError: no checkpoint of the run was evaluated, or the metric has no per-prompt scores.
     """
+    from rlhf_ops.checkpoint.model_card import card_from_config, write_model_card
     from rlhf_ops.pipeline.champion import decide, move_champion
     from rlhf_ops.tracking.mlflow_tracking import MlflowLogger
 
@@ -63,9 +67,13 @@ def register_best(
 
     def log_export(step: int) -> str:
         export = _export(step, layout, config)
+        metrics = reports.get(step, {}).get("metrics") or {}
+        checkpoint = f"{layout.checkpoint_url}/{step_dir_name(step)}"
+        card = card_from_config(config, checkpoint=checkpoint, step=step, metrics=metrics)
+        write_model_card(export, card)  # the export's card, completed with the data, algorithm and metrics
         logger = MlflowLogger(mlflow_run_id, tracking_uri=tracking_uri, log_system_metrics=False)
         try:
-            model_uri = logger.log_model_dir(export, artifact_path="model")
+            model_uri = logger.log_mlflow_model(export, artifact_path="model")
         finally:
             logger.close()
         assert model_uri is not None  # rank 0 always returns the URI

@@ -2,7 +2,9 @@
 
 ``start_tracking`` creates (or, on a retry, finds again) the run tagged with the Airflow DAG id, run id and
 try number and the platform's git commit, then logs the resolved config as params and as an artifact, the
-data manifest and a sample of the rejected rows, so every later artifact has a home even if training fails.
+data manifest, the prepared train and validation files as MLflow dataset inputs (source and digest,
+:mod:`rlhf_ops.tracking.datasets`) and a sample of the rejected rows, so every later artifact has a home even if
+training fails.
 The training job attaches to the run through ``MLFLOW_RUN_ID``; evaluation logs at each checkpoint's step.
 """
 
@@ -113,6 +115,7 @@ def start_tracking(
 
     from rlhf_ops.pipeline.layout import run_key
     from rlhf_ops.tracking.artifacts import log_data_manifest, log_rejected_sample, log_resolved_config
+    from rlhf_ops.tracking.datasets import log_dataset_inputs
     from rlhf_ops.tracking.mlflow_tracking import MlflowLogger, pipeline_tags, run_name_for, start_pipeline_run
 
     algorithm = str(config["algorithm"]["adv_estimator"])
@@ -137,6 +140,7 @@ def start_tracking(
         log_resolved_config(logger, config)
         if manifest:
             log_data_manifest(logger, manifest)
+            log_dataset_inputs(run_id, prepared, manifest, tracking_uri=tracking_uri)
         if "rejected_sample" in prepared:
             log_rejected_sample(logger, list(prepared["rejected_sample"])[:MAX_REJECTED_SAMPLE])
         elif prepared.get("rejected_url"):

@@ -8,7 +8,7 @@ Layout of a run's artifacts (one place to change it)::
     eval/report_step_<N:06d>.json      one eval report per evaluated checkpoint
     generations/step_<N:06d>.json      sample generations table (MLflow table JSON)
     params_overflow.json               param values longer than MLflow's limit
-    model/                             final HF export (MlflowLogger.log_model_dir)
+    model/                             final HF export as an MLflow Model (MlflowLogger.log_mlflow_model)
 """
 
 from __future__ import annotations

@@ -339,6 +339,23 @@ class MlflowLogger:
         self._client.log_artifacts(self.run_id, str(hf_path), artifact_path=artifact_path)
         return f"runs:/{self.run_id}/{artifact_path}"
 
+    def log_mlflow_model(self, hf_dir: str | Path, *, artifact_path: str = "model") -> str | None:
+        """Log an HF export folder as an MLflow Model (transformers flavour, not loaded; see ``mlflow_model``).
+
+        Returns:
+            ``runs:/<run_id>/<artifact_path>``, loadable with ``mlflow.pyfunc.load_model``; ``None`` on rank != 0.
+        """
+        import tempfile
+
+        from rlhf_ops.tracking.mlflow_model import save_transformers_model
+
+        if self._client is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="mlflow-model-") as tmp:
+            model = save_transformers_model(hf_dir, Path(tmp) / "model")
+            self._client.log_artifacts(self.run_id, str(model), artifact_path=artifact_path)
+        return f"runs:/{self.run_id}/{artifact_path}"
+
     def close(self) -> None:
         """Send buffered metrics (up to ``flush_timeout_s``), stop the system-metrics thread (flushing its last
         samples); the run itself stays open."""

@@ -5,11 +5,11 @@ keeps every candidate with its eval metric in version tags, ``rlhf.eval_metric_n
 ``rlhf.eval_metric_value``). Whether the alias (``champion``) moves is decided by
 ``rlhf_ops.pipeline.champion`` (a paired test over prompts), which then calls :func:`move_alias`.
 
-Models are registered from a plain artifact folder (``runs:/<run_id>/model``, written by
-``MlflowLogger.log_model_dir``), not through the ``mlflow.transformers`` flavour: the flavour would
-load the model into memory to save a second copy and pulls heavy dependencies into the Airflow
-task. Consumers fetch the folder with ``download_model`` (or, with ``$MLFLOW_TRACKING_URI`` set,
-``mlflow.artifacts.download_artifacts("models:/<name>@champion")``) and call ``from_pretrained`` on it.
+Models are registered as MLflow Models (``runs:/<run_id>/model``, written by ``MlflowLogger.log_mlflow_model``):
+the ``transformers`` flavour saved from the HF export folder without loading it, so
+``mlflow.pyfunc.load_model("models:/<name>@champion")`` and ``mlflow models serve`` load the champion. Its
+``model/`` subfolder is the plain HF folder: the warm start fetches the version with ``download_model`` and
+calls ``from_pretrained`` on it.
 
 The read-compare-set of the alias is not atomic in MLflow; two pipelines registering the same
 model at the same moment could both win. Run ``register_model`` with an Airflow pool of size 1.

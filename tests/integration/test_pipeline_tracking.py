@@ -37,12 +37,21 @@ def tracking_uri() -> Iterator[str]:
         yield uri
 
 
+TRAIN_SHA, VAL_SHA = "aa" + "0" * 62, "bb" + "1" * 62
+
+
 def _prepared(tmp_path: Path) -> dict[str, str]:
-    files = {"val.parquet": {"sha256": "bb"}, "train.parquet": {"sha256": "aa"}}
+    files = {"val.parquet": {"sha256": VAL_SHA, "num_rows": 2}, "train.parquet": {"sha256": TRAIN_SHA, "num_rows": 3}}
     (tmp_path / "manifest.json").write_text(json.dumps({"version": 1, "counts": {"train": 3}, "files": files}))
     rows = [{"row_index": i, "reason": "prompt too long"} for i in range(150)]
     (tmp_path / "rejected.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"manifest_url": str(tmp_path / "manifest.json"), "rejected_url": str(tmp_path / "rejected.jsonl")}
+    return {
+        "run_id": "manual__1-0a1b",
+        "manifest_url": str(tmp_path / "manifest.json"),
+        "rejected_url": str(tmp_path / "rejected.jsonl"),
+        "train_url": "s3://data/manual__1-0a1b/train.parquet",
+        "val_url": "webhdfs://user:secret@nn:9870/data/manual__1-0a1b/val.parquet",
+    }
 
 
 def test_start_tracking_is_idempotent_and_logs_what_is_known(tracking_uri: str, tmp_path: Path) -> None:
@@ -67,13 +76,21 @@ def test_start_tracking_is_idempotent_and_logs_what_is_known(tracking_uri: str, 
     assert run.data.params["actor.lr"] == "0.001"
     assert run.data.tags["airflow.try_number"] == "2" and run.data.tags["rlhf.preset"] == "tiny-cpu"
     # What the compare view tells two runs apart by, as params (its parameter table) and tags.
-    data_sha = hashlib.sha256(b"train.parquet:aa\nval.parquet:bb").hexdigest()
+    data_sha = hashlib.sha256(f"train.parquet:{TRAIN_SHA}\nval.parquet:{VAL_SHA}".encode()).hexdigest()
     params = run.data.params
     assert (params["pipeline.preset"], params["pipeline.algorithm"]) == ("tiny-cpu", "grpo")
     assert params["pipeline.model"] == "builtin:tiny-llama" and params["pipeline.data_sha256"] == data_sha
     assert params["pipeline.dag_run"] == "rlhf_ppo/manual__1"
     assert params["pipeline.platform_commit"] == run.data.tags["rlhf.git_commit"] != ""
     assert run.data.tags["rlhf.data_sha256"] == data_sha and run.data.tags["rlhf.model"] == "builtin:tiny-llama"
+    # The prepared files as dataset inputs: source URL (credentials masked), digest = the file's sha256 prefix.
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}  # a retry logged the same two again
+    assert len(run.inputs.dataset_inputs) == 2 and set(inputs) == {"training", "validation"}
+    train, val = inputs["training"], inputs["validation"]
+    assert (train.name, train.digest, train.source_type) == ("manual__1-0a1b/train", TRAIN_SHA[:16], "s3")
+    assert json.loads(train.source) == {"uri": "s3://data/manual__1-0a1b/train.parquet"}
+    assert (val.name, val.digest, val.source_type) == ("manual__1-0a1b/val", VAL_SHA[:16], "http")
+    assert json.loads(val.source) == {"url": "webhdfs://user:***@nn:9870/data/manual__1-0a1b/val.parquet"}
     rejected = client.download_artifacts(run_id, "data/rejected_sample.jsonl", str(tmp_path / "dl"))
     assert len(Path(rejected).read_text().splitlines()) == 100  # a sample, not all 150
     assert end_tracking(run_id=run_id, failed=True, tags={"ray.submission_id": "af-x"}, tracking_uri=tracking_uri) == (

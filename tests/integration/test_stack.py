@@ -139,5 +139,7 @@ def test_model_registered_in_mlflow(pipeline: dict[str, Any]) -> None:
     history = {m.step for m in client.get_metric_history(champion.run_id, "eval/reward/mean")}
     assert history == {2, 4}
     assert [m.step for m in client.get_metric_history(champion.run_id, "actor/pg_loss")] == [1, 2, 3, 4]
-    files = {a.path for a in client.list_artifacts(champion.run_id, "model")}
-    assert {"model/config.json", "model/model.safetensors"} <= files
+    files = {a.path for a in client.list_artifacts(champion.run_id, "model")}  # an MLflow Model (transformers)
+    assert {"model/MLmodel", "model/model"} <= files
+    files = {a.path for a in client.list_artifacts(champion.run_id, "model/model")}  # the HF folder inside it
+    assert {"model/model/config.json", "model/model/model.safetensors", "model/model/README.md"} <= files

@@ -70,6 +70,11 @@ def _load_weights_on_worker(worker: Any, weights: Iterable[tuple[str, Tensor]]) 
     worker.model_runner.get_model().load_weights(weights=weights)
 
 
+def _has_lm_head(worker: Any) -> bool:
+    """Runs inside vLLM's worker: whether the engine's model has an ``lm_head`` (vLLM's Gemma has none)."""
+    return hasattr(worker.model_runner.get_model(), "lm_head")
+
+
 class VLLMRollout:
     """:class:`~workers.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``.
 
@@ -126,6 +131,7 @@ class VLLMRollout:
         self.cpu_release = device == "cpu" and config.free_cache_engine
         self.weights_released = False
         """True after a CPU :meth:`release` dropped the weights, until the next :meth:`update_weights`."""
+        self._drop_lm_head: bool | None = None  # the tied head's alias has no target in this engine's model
         self.last_release: dict[str, int] = {}
         """What the last CPU :meth:`release` freed: ``gemm_layers`` and ``kv_bytes``."""
         self.max_model_len = None if max_prompt_length is None else max_prompt_length + config.max_new_tokens
@@ -279,6 +285,10 @@ class VLLMRollout:
         (reload path) or is partly updated (load path), so send the whole model. Clears the prefix cache,
         whose KV entries were computed with the old weights.
         """
+        if self._drop_lm_head is None:
+            self._drop_lm_head = not all(self.llm.collective_rpc(_has_lm_head))
+        if self._drop_lm_head:  # vLLM's Gemma has no lm_head (the embedding is the head): its loader refuses one
+            weights = ((name, t) for name, t in weights if not name.startswith("lm_head."))
         if self.weight_loader == "reload":
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
