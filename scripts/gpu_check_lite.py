@@ -163,18 +163,25 @@ def build_model(shapes: dict[str, Any], *, seed: int) -> nn.Module:
     return LlamaForCausalLM(config).float()
 
 
-def wrap(model: nn.Module, device: torch.device, *, lora_rank: int, liger: bool) -> tuple[nn.Module, bool]:
+def wrap(model: nn.Module, device: torch.device, *, lora_rank: int, liger: bool) -> tuple[nn.Module, str]:
     """Liger (optional) -> LoRA (optional) -> device -> ``fully_shard`` per decoder layer, then the root.
 
     bf16 compute and fp32 master weights (the sharded parameters stay fp32; FSDP2 casts the gathered copy),
-    gradients reduced in fp32: the actor's ``fsdp2`` precision mechanism. Returns (module, liger applied).
+    gradients reduced in fp32: the actor's ``fsdp2`` precision mechanism. Returns (module, what Liger did: "on",
+    "off", "absent" or the error that kept it off: a Liger that does not fit this transformers is reported, not
+    fatal, so the rest of the check still runs).
     """
-    applied = False
-    if liger and device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None:
-        from workers.utils.liger import apply_liger
+    applied = "off"
+    if liger and device.type == "cuda":
+        applied = "absent"
+        if importlib.util.find_spec("liger_kernel") is not None:
+            from workers.utils.liger import apply_liger
 
-        apply_liger(model, device=device)
-        applied = True
+            try:
+                apply_liger(model, device=device)
+                applied = "on"
+            except Exception as exc:  # noqa: BLE001 - reported in the JSON, the check goes on without it
+                applied = f"failed: {type(exc).__name__}: {exc}"[:300]
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -319,8 +326,21 @@ def run_phase(
         t1 = time.perf_counter()
         assert batch.batch is not None
         mask = batch.batch["response_mask"].float()
-        with torch.no_grad():
-            old_logp = packed_log_probs(module, batch.batch, response_length=work.new_tokens)
+        with torch.no_grad():  # in micro-batches, as the workers' log-prob pass: the logits are (K, V)
+            rows = batch.batch["input_ids"].shape[0]
+            old_logp = torch.cat(
+                [
+                    packed_log_probs(
+                        module,
+                        {
+                            k: batch.batch[k][i : i + work.micro_batch]
+                            for k in ("input_ids", "attention_mask", "position_ids")
+                        },
+                        response_length=work.new_tokens,
+                    )
+                    for i in range(0, rows, work.micro_batch)
+                ]
+            )
         sync(device)
         t2 = time.perf_counter()
         if step == 0:  # same weights as the CPU copy only before the first update
@@ -364,7 +384,7 @@ def summarize(
     diff: dict[str, float],
     device: torch.device,
     *,
-    liger: bool,
+    liger: str,
     lora_rank: int,
 ) -> dict[str, Any]:
     """Medians over the steps after the first (the first pays compilation and allocator warm-up)."""

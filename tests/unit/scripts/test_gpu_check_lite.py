@@ -68,7 +68,7 @@ def test_dry_run_needs_none_of_the_packages_the_gpu_machine_lacks(tmp_path: Path
     assert full["logp_vs_cpu_ref_max"] < 0.05
     assert full["logp_vs_rollout_max"] < 0.05
     assert full["steps"] == 2 and all(g > 0 for g in full["grad_norm"])
-    assert lora["lora_rank"] == 16 and lora["update_tokens_per_s"] > 0
+    assert full["liger"] == "off" and lora["lora_rank"] == 16 and lora["update_tokens_per_s"] > 0
     # 4 prompts x 2 samples, prompts of 6..12 tokens and 8 response columns: at most 8 x 20 tokens per step.
     assert 0 < full["update_tokens_per_s"] and full["peak_rss_gb"] > 0
 
