@@ -25,15 +25,60 @@ from rlhf_ops.cost_check import model_shapes, predict  # noqa: E402
 from rlhf_ops.cost_model import Peaks  # noqa: E402
 from rlhf_ops.host_peaks import host_peaks  # noqa: E402
 
+# Quiet runs of the same workload recorded in docs/benchmarks_vs_trl.md: host, variant, the bench's matmul peaks
+# (GFLOP/s, fp32 / bf16), measured s/step, update, ref (s), peak RSS (GiB). The first two fitted the CPU constants.
+DOC_ROWS = (
+    ("AVX512-BF16 EPYC 12-04 (fit)", "1x2-bf16-plain", 191, 801, 8.9, 4.22, 1.06, 5.12),
+    ("AVX512-BF16 EPYC 12-04 (fit)", "1x2-plain", 191, 801, 13.6, 8.39, 2.07, 4.60),
+    ("AMX Xeon 12-05", "1x2-plain", 340, 2470, 13.2, 7.00, 1.70, 4.63),
+    ("AMX Xeon 12-05", "1x2-bf16-plain", 340, 2470, 10.8, 4.41, 1.25, 4.99),
+)
+
+
+def doc_rows() -> None:
+    """The model against the quiet rows above (mean prompt 45, response 20.6 tokens; bandwidth: this host's)."""
+    cached = host_peaks(2)
+    assert cached is not None
+    model_dir = str(Path.home() / ".cache" / "rlhf_ops" / "smollm2-135m-instruct")
+    shapes = model_shapes(model_dir)
+    assert shapes is not None
+    ns = argparse.Namespace(steps=3, platform_override=[])
+    print("| host | variant | s/step pred / meas | update pred / meas | ref pred / meas | RSS pred / meas (GiB) |")
+    print("|---|---|---|---|---|---|")
+    for host, variant, fp32, bf16, step, update, ref, rss in DOC_ROWS:
+        overrides = platform_overrides(model_dir, Path("/tmp/rows.jsonl"), ns, Path("/tmp/work"), "cost")
+        config = load_config("tiny-cpu", overrides + RANK_VARIANTS[variant])
+        peaks = Peaks(
+            name=host,
+            flops=(bf16 if "bf16" in variant else fp32) * 1e9,
+            rollout_flops=fp32 * 1e9,
+            fp32_flops=fp32 * 1e9,
+            bandwidth=cached["bandwidth"],
+            memory_bytes=cached["memory_bytes"],
+            measured=True,
+        )
+        p = predict(config, peaks=peaks, shapes=shapes, prompt_len=45.0, response_len=20.6)
+        cells = [
+            (p.step_seconds, step),
+            (p.seconds["update_actor"], update),
+            (p.seconds["ref"], ref),
+            (p.memory_bytes / 2**30, rss),
+        ]
+        print(f"| {host} | {variant} | " + " | ".join(f"{a:.2f} / {b:.2f} ({a / b:.2f})" for a, b in cells) + " |")
+
+
 STAGES = {"gen": "gen", "ref": "ref", "old_log_prob": "old_log_prob", "update_actor": "update_actor"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("result", type=Path)
+    parser.add_argument("result", type=Path, nargs="?", help="bench_vs_trl.py --out file; none: the documented rows")
     parser.add_argument("--variant", default="1x2-bf16-plain")
     parser.add_argument("--platform-override", action="append", default=[])
     args = parser.parse_args()
+    if args.result is None:
+        doc_rows()
+        return
     result = json.loads(args.result.read_text())
     measured = result["variants"][args.variant]
     ns = argparse.Namespace(steps=3, platform_override=args.platform_override)
@@ -51,6 +96,7 @@ def main() -> None:
         name="bench run",
         flops=peak["bfloat16" if bf16 else "float32"] * 1e9,
         rollout_flops=peak["float32"] * 1e9,  # the vLLM engine runs fp32 on CPU
+        fp32_flops=peak["float32"] * 1e9,
         bandwidth=cached["bandwidth"],
         memory_bytes=cached["memory_bytes"],
         measured=True,

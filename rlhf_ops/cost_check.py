@@ -96,6 +96,7 @@ def peaks_for(config: RunConfig, *, measure: bool = True) -> Peaks | None:
         name=f"this host ({threads} threads)",
         flops=found["bfloat16" if compute == 2 else "float32"],
         rollout_flops=found["bfloat16" if rollout == 2 else "float32"],
+        fp32_flops=found["float32"],
         bandwidth=found["bandwidth"],
         memory_bytes=found["memory_bytes"],
         measured=True,

@@ -18,7 +18,8 @@ Memory of one rank (bytes), summed over what is resident at the update's peak:
 - ``logits``: the head's output over the response positions and its gradient, ``2 b k V``, plus the fused
   log-prob's fp32 chunk (16 MiB);
 - ``reference``: the reference policy's weights, ``b_ref P / S``, when a KL to it is used;
-- ``rollout``: CPU: vLLM's KV cache (``rollout.kv_cache_memory_bytes``) and its own copy of the weights, or the
+- ``rollout``: CPU: vLLM's KV cache (``rollout.kv_cache_memory_bytes``), its own copy of the weights and its
+  runtime (0.5 GiB), or the
   HF engine's KV cache ``2 L kv b_r (prompt + response) sequences``; GPU: vLLM holds
   ``rollout.gpu_memory_utilization`` of the card while it generates (what training keeps resident must fit
   beside it);
@@ -29,11 +30,13 @@ Seconds of one step (a lower bound divided by a measured efficiency per stage):
 - generation: prefill ``2 P_body T_prompt / F`` plus, per decode step, the larger of reading every weight once
   ``b_r P / B`` and its FLOPs ``2 P sequences / F`` (F: the matmul peak, B: memory bandwidth);
 - the reference and old-log-prob forwards: ``2 P_body T_fwd + 2 V h T_resp`` FLOPs over F;
-- the update: 3x a forward (4x with activation checkpointing: the forward runs again in backward).
+- the update: 3x a forward (4x with activation checkpointing: the forward runs again in backward);
+- beside the matmuls, the forward and the update each pay a fixed time per token and block (norms, SiLU,
+  residuals, the fp32 log-prob chunks, the optimizer's share), measured on 2-thread CPU ranks.
 
-The efficiencies are the measured fraction of those bounds that each stage reached on the reference CPU workload
-(SmolLM2-135M, 8 x 4 x 32, ``docs/benchmarks_vs_trl.md``); on GPUs they are assumptions, and the result is
-stated as a prediction. This module imports nothing beyond the standard library: the driver and pre-flight use
+The efficiencies and elementwise terms are fitted on quiet runs of the reference CPU workload (SmolLM2-135M,
+8 x 4 x 32, ``docs/benchmarks_vs_trl.md``); on GPUs they are assumptions, and the result is stated as a
+prediction. This module imports nothing beyond the standard library: the driver and pre-flight use
 it before torch is imported.
 """
 
@@ -47,6 +50,9 @@ GIB = 2**30
 LOGPROB_CHUNK_BYTES = 16 * 2**20  # rlhf_ops.algorithms.logits.CHUNK_BYTES
 CPU_RUNTIME_BYTES = int(0.6 * GIB)  # one worker process: Python, torch, transformers (measured RSS before a model)
 GPU_RUNTIME_BYTES = 1 * GIB  # the CUDA context and NCCL buffers of one rank
+# vLLM's CPU engine in the worker process, beyond its weights and KV cache (its imports, scheduler, compiled
+# graphs): fitted on the quiet reference runs (their peak RSS was 0.4-0.8 GiB above the other terms).
+VLLM_CPU_RUNTIME_BYTES = int(0.5 * GIB)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,7 +228,7 @@ def rollout_bytes(shapes: ModelShapes, step: StepShape, rollout: RolloutMemory) 
         if rollout.device == "cuda":
             return 0.0
         kv = rollout.kv_cache_bytes if rollout.kv_cache_bytes is not None else kv_per_token * tokens
-        return float(kv + rollout.dtype_bytes * shapes.params)
+        return float(kv + rollout.dtype_bytes * shapes.params + VLLM_CPU_RUNTIME_BYTES)
     return float(kv_per_token * tokens)
 
 
@@ -247,6 +253,7 @@ class Peaks:
     bandwidth: float
     memory_bytes: float  # per rank: GPU memory, or the host's RAM shared by the node's ranks
     measured: bool  # False: from the GPU table (a prediction), True: measured on this host
+    fp32_flops: float | None = None  # fp32 matmul FLOP/s (reported); None: ``flops``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,17 +299,30 @@ def gpu_peaks(name: str) -> Peaks:
 
 @dataclass(frozen=True, kw_only=True)
 class Efficiency:
-    """Fraction of each stage's bound reached (see the module docstring)."""
+    """Fraction of each stage's matmul bound reached, and the work beside the matmuls (see the module docstring)."""
 
     generation: float
     forward: float
     update: float
-    overhead_s: float  # per step: the controller, Ray calls, weight sync, reward
+    forward_elementwise_s: float = 0.0  # seconds per token per block beside the matmuls (forward)
+    update_elementwise_s: float = 0.0  # the same for forward + backward + the optimizer's share
+    overhead_s: float = 0.0  # per step: the controller, Ray calls, reward
 
 
-# Fitted on the reference CPU workload (SmolLM2-135M, 8 prompts x 4 samples x 32 tokens, vLLM rollout, one rank
-# of 2 threads on the AVX512-BF16 EPYC); checked on 8 x 8 x 128 (docs/benchmarks_vs_trl.md).
-CPU_EFFICIENCY = Efficiency(generation=0.30, forward=0.45, update=0.45, overhead_s=1.0)
+# Fitted on this repository's quiet runs of the reference CPU workload (SmolLM2-135M, 8 prompts x 4 samples x
+# 32 tokens, vLLM rollout in fp32, one plain rank of 2 threads on the AVX512-BF16 EPYC, bench matmul peaks fp32
+# 191 / bf16 801 GFLOP/s; docs/benchmarks_vs_trl.md, 2026-12-04): the bf16 and fp32 rows give two equations per
+# stage, solved for the matmul fraction and the elementwise seconds (forward 1.06 / 2.07 s, update 4.22 / 8.39 s;
+# generation 3.16 s against its bound of 1.33 s). The elementwise work (vector ops, not matmuls) did not follow the
+# matmul peak to the AMX Xeon, so it is kept in seconds for 2 threads rather than scaled by a peak.
+CPU_EFFICIENCY = Efficiency(
+    generation=0.42,
+    forward=1.0,
+    update=0.73,
+    forward_elementwise_s=24e-6,
+    update_elementwise_s=95e-6,
+    overhead_s=0.25,
+)
 # Assumptions, not measurements: a well-fed update at 40 % MFU, decode at half the HBM bandwidth.
 GPU_EFFICIENCY = Efficiency(generation=0.5, forward=0.5, update=0.4, overhead_s=1.0)
 
@@ -328,14 +348,16 @@ def stage_seconds(
     decode = step.response_len * max(weight_read, decode_flops)
     forward_flops = 2.0 * body * step.forward_tokens + 2.0 * head * step.sequences * step.response_len
     forward = forward_flops / peaks.flops
+    token_layers = step.forward_tokens * shapes.layers
+    forward_s = forward / efficiency.forward + efficiency.forward_elementwise_s * token_layers
     # A frozen base (LoRA) skips its weight gradients: 2x a forward instead of 3x.
     update_factor = (2.0 if lora else 3.0) + (1.0 if activation_checkpointing else 0.0)
     out = {"gen": (prefill + decode) / efficiency.generation}
     if old_log_prob:
-        out["old_log_prob"] = forward / efficiency.forward
+        out["old_log_prob"] = forward_s
     if use_reference:
-        out["ref"] = forward / efficiency.forward
-    out["update_actor"] = update_factor * forward / efficiency.update
+        out["ref"] = forward_s
+    out["update_actor"] = update_factor * forward / efficiency.update + efficiency.update_elementwise_s * token_layers
     out["overhead"] = efficiency.overhead_s
     return out
 

@@ -16,6 +16,7 @@ import pytest
 from rlhf_ops.cost_model import (
     CPU_RUNTIME_BYTES,
     LOGPROB_CHUNK_BYTES,
+    VLLM_CPU_RUNTIME_BYTES,
     Efficiency,
     ModelShapes,
     Peaks,
@@ -116,7 +117,7 @@ def test_lora_offload_and_vllm_terms() -> None:
     offload = memory_terms(SHAPES, STEP, Precision(param_offload=True, optimizer_offload=True), HF_CPU)
     assert offload["params"] == 0 and offload["optimizer"] == 0
     vllm_cpu = memory_terms(SHAPES, STEP, Precision(), RolloutMemory(engine="vllm", device="cpu", kv_cache_bytes=1000))
-    assert vllm_cpu["rollout"] == 1000 + 4 * 1448  # its KV cache and its own fp32 weights
+    assert vllm_cpu["rollout"] == 1000 + 4 * 1448 + VLLM_CPU_RUNTIME_BYTES  # KV cache, fp32 weights, runtime
 
 
 def test_gpu_rollout_share() -> None:
@@ -162,3 +163,21 @@ def test_stage_seconds_by_hand() -> None:
     )
     assert math.isclose(recompute["update_actor"], 4 * 104_960 / 1e9) and "ref" not in recompute
     assert math.isclose(recompute["old_log_prob"], 104_960 / 1e9)
+
+
+def test_elementwise_terms_scale_with_tokens_and_layers() -> None:
+    peaks = Peaks(name="toy", flops=1e9, rollout_flops=1e9, bandwidth=1e9, memory_bytes=1e9, measured=True)
+    work = Efficiency(generation=1.0, forward=1.0, update=1.0, forward_elementwise_s=1e-6, update_elementwise_s=4e-6)
+    seconds = stage_seconds(
+        SHAPES,
+        STEP,
+        peaks,
+        work,
+        rollout_dtype_bytes=4,
+        old_log_prob=False,
+        use_reference=True,
+        activation_checkpointing=False,
+    )
+    # 40 forward tokens x 2 blocks = 80 token-blocks: 80 us beside the forward's 104,960 FLOPs / 1e9
+    assert math.isclose(seconds["ref"], 104_960 / 1e9 + 80e-6)
+    assert math.isclose(seconds["update_actor"], 3 * 104_960 / 1e9 + 320e-6)
