@@ -178,11 +178,12 @@ def memory_problems(config: RunConfig, prediction: Prediction) -> list[ConfigPro
     budget = prediction.peaks.memory_bytes / max(prediction.ranks_per_memory, 1)
     terms = prediction.memory
     where = "GPU" if config.resources.device == "cuda" else "host RAM"
+    found: list[ConfigProblem] = []
     if config.resources.device == "cuda" and config.rollout.engine == "vllm":
         util = config.rollout.gpu_memory_utilization
         if not gpu_rollout_fits(terms, utilization=util, gpu_bytes=prediction.peaks.memory_bytes):
             resident = resident_between_updates(terms) / GIB
-            return [
+            found.append(
                 ConfigProblem(
                     "rollout.gpu_memory_utilization",
                     f"vLLM's {util:.2f} of the {prediction.peaks.name}'s {budget / GIB:.0f} GiB does not fit beside "
@@ -190,19 +191,20 @@ def memory_problems(config: RunConfig, prediction: Prediction) -> list[ConfigPro
                     f"lower rollout.gpu_memory_utilization to {max(0.05, 1 - resident * GIB / budget - 0.05):.2f} "
                     "or set actor.fsdp.optimizer_offload=true",
                 )
-            ]
+            )
     if prediction.memory_bytes <= budget:
-        return []
+        return found
     largest = max(terms, key=lambda k: terms[k])
     knobs = _KNOBS_GPU if config.resources.device == "cuda" else _KNOBS_CPU
     ranks = f" ({prediction.ranks_per_memory} ranks share it)" if prediction.ranks_per_memory > 1 else ""
     return [
+        *found,
         ConfigProblem(
             "resources",
             f"predicted {prediction.memory_bytes / GIB:.1f} GiB per rank exceeds the {budget / GIB:.1f} GiB of "
             f"{where} a rank has{ranks}; the largest term is {largest} ({terms[largest] / GIB:.1f} GiB)",
             knobs[largest],
-        )
+        ),
     ]
 
 
