@@ -1,4 +1,4 @@
-"""The lite GPU check's CPU dry run, run the way the bare GPU machine runs it: pydantic, Ray, vLLM and MLflow absent.
+"""The lite GPU check's CPU dry run as the bare GPU machine runs it: pydantic, Ray, vLLM, MLflow, boto3 absent.
 
 The dry run goes through the same code as the GPU check (FSDP2 with bf16 compute, HF rollout, remove padding,
 the update, LoRA) on gloo with tiny shapes, in a subprocess whose import system cannot find the packages the
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 # importlib.metadata both answer "absent" (transformers and accelerate probe with both).
 BLOCKER = """
 import importlib.abc, importlib.metadata, runpy, sys
-ABSENT = {"pydantic", "pydantic_core", "ray", "vllm", "mlflow", "mlflow_skinny"}
+ABSENT = {"pydantic", "pydantic_core", "ray", "vllm", "mlflow", "mlflow_skinny", "boto3", "botocore"}
 
 class Hide(importlib.abc.MetaPathFinder):
     def __init__(self, inner):
