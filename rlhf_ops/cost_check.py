@@ -236,7 +236,11 @@ def cost_summary(config: RunConfig, *, measure: bool = False) -> tuple[Predictio
 
 def cost_problems(config: RunConfig) -> list[ConfigProblem]:
     """Pre-flight's cost check: logs the prediction, returns a problem when a rank's memory does not fit."""
-    found = cost_summary(config)
+    try:
+        found = cost_summary(config)
+    except ValueError as exc:  # a plan the trainer itself refuses (it says why, with the key): no prediction
+        _LOG.info("preflight: no cost prediction (%s)", exc)
+        return []
     if found is None:
         return []
     prediction, problems = found
