@@ -70,6 +70,7 @@ def step_shape(config: RunConfig, *, prompt_len: float | None = None, response_l
         optimizer_steps=actor.num_mini_batches * actor.ppo_epochs,
         remove_padding=config.actor.use_remove_padding,
         share_prompt=config.actor.share_prompt_prefix and config.actor.use_remove_padding,
+        max_micro_tokens=float(actor.max_token_len_per_rank) if actor.use_dynamic_bsz else None,
     )
 
 

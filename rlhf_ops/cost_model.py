@@ -144,6 +144,7 @@ class StepShape:
     optimizer_steps: int  # mini-batches x epochs
     remove_padding: bool
     share_prompt: bool  # each prompt forwarded once for its samples
+    max_micro_tokens: float | None = None  # dynamic batch size: the update micro-batch's token budget
 
     @property
     def sequences(self) -> int:
@@ -158,8 +159,15 @@ class StepShape:
         return prompt_tokens + self.sequences * self.response_len
 
     def micro_tokens(self, rows: int) -> float:
-        """Tokens of one micro-batch of ``rows`` rows."""
-        return self.forward_tokens * min(rows, self.sequences) / max(self.sequences, 1)
+        """Tokens of one micro-batch of ``rows`` rows (at most the token budget, with dynamic batch size)."""
+        tokens = self.forward_tokens * min(rows, self.sequences) / max(self.sequences, 1)
+        if self.max_micro_tokens is not None:
+            tokens = min(self.forward_tokens, self.max_micro_tokens)
+        return tokens
+
+    def micro_response_tokens(self, rows: int) -> float:
+        """Response positions (the LM head's rows) of that micro-batch: its tokens' response share."""
+        return self.micro_tokens(rows) * self.sequences * self.response_len / max(self.forward_tokens, 1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,7 +218,7 @@ def memory_terms(
         terms["activations"] = b * shapes.hidden * t * shapes.layers + per_token_layer * t
     else:
         terms["activations"] = per_token_layer * t * shapes.layers
-    k = min(step.update_micro_batch, step.sequences) * step.response_len
+    k = step.micro_response_tokens(step.update_micro_batch)
     terms["logits"] = 2.0 * b * k * shapes.vocab + LOGPROB_CHUNK_BYTES
     if precision.use_reference:
         terms["reference"] = float(precision.ref_bytes * p / s)

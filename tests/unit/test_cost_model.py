@@ -81,6 +81,9 @@ def test_step_tokens() -> None:
     assert unshared.forward_tokens == 4 * 10 + 4 * 5
     padded = StepShape(**{**STEP.__dict__, "remove_padding": False})
     assert padded.forward_tokens == 4 * 20
+    assert STEP.micro_response_tokens(2) == 10  # 20 tokens x (20 response of 40 forwarded)
+    budget = StepShape(**{**STEP.__dict__, "max_micro_tokens": 16.0})  # dynamic batch size: a 16-token budget
+    assert budget.micro_tokens(2) == 16 and budget.micro_response_tokens(2) == 8
 
 
 def test_fp32_memory_terms() -> None:
