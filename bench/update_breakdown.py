@@ -10,7 +10,10 @@ step (``MiniBatchUpdate``, the worker's loop), for each variant in the same run,
 
 - ``keep-casts``: the platform's path (:func:`workers.fsdp.precision.keep_autocast_casts`: bf16 weight copies held
   over the mini-batch, gradients folded into the fp32 masters);
-- ``per-forward``: autocast's own casts each forward (the path before 2026-12-05).
+- ``per-forward``: autocast's own casts each forward (the path before 2026-12-05);
+- ``compiled`` (``--variants keep-casts,compiled``): ``keep-casts`` with the elementwise work of every block fused by
+  ``torch.compile`` (Inductor's C++ backend): RMSNorm as one kernel, the MLP's ``silu(gate) * up`` as one; the
+  matmuls stay oneDNN's. A lever measured, not a platform path.
 
 Then the floor, measured here: every GEMM of the update (forward, input gradient, weight gradient of each linear,
 the LM head at the kept positions) run alone at the micro-batches' real shapes in bf16, and the FLOP bound at the
@@ -105,6 +108,51 @@ def _update_once(model: Any, optimizer: Any, batch: dict[str, Any], *, micro: in
     return times
 
 
+def compile_elementwise(model: Any) -> Any:
+    """Patches every RMSNorm and MLP of ``model`` to run their elementwise math through compiled functions.
+
+    One compiled function per op (dynamic shapes), shared by all blocks, so 30 blocks compile once. Returns an undo
+    callable that restores the modules' own forwards.
+    """
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    @torch.compile(dynamic=True)
+    def rms_norm(x: Any, weight: Any, eps: float) -> Any:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(dtype)
+
+    @torch.compile(dynamic=True)
+    def silu_mul(gate: Any, up: Any) -> Any:
+        return F.silu(gate) * up
+
+    def norm_forward(self: Any, x: Any) -> Any:
+        return rms_norm(x, self.weight, self.variance_epsilon)
+
+    def mlp_forward(self: Any, x: Any) -> Any:
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+    patched = []
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(norm_forward, module)
+            patched.append(module)
+        elif name.endswith("MLP") and hasattr(module, "gate_proj"):
+            module.forward = types.MethodType(mlp_forward, module)
+            patched.append(module)
+
+    def undo() -> None:
+        for module in patched:
+            del module.forward  # the instance attribute: the class's forward again
+
+    return undo
+
+
 def gemm_floor(shapes: dict[str, int], tokens: list[tuple[int, int]], *, reps: int = 3) -> float:
     """Seconds of the update's GEMMs alone in bf16 at the micro-batches' real shapes (best of ``reps``).
 
@@ -140,7 +188,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=4, help="timed mini-batches per variant (after one warm-up)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--variants", default="per-forward,keep-casts", help="two of per-forward, keep-casts, compiled (interleaved)"
+    )
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    if not set(variants) <= {"per-forward", "keep-casts", "compiled"}:
+        sys.exit(f"--variants: {args.variants!r}; choose from per-forward, keep-casts, compiled")
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
 
@@ -176,11 +230,16 @@ def main() -> None:
     )
     optimizer = build_optimizer(model, OptimConfig(lr=1e-7))
     results: dict[str, Any] = {"threads": args.threads, "variants": {}}
-    for variant in ("per-forward", "keep-casts", "per-forward", "keep-casts"):  # interleaved against drift
-        keep = variant == "keep-casts"
-        _update_once(model, optimizer, batch, micro=micro, keep=keep)  # warm-up (oneDNN primitives, allocator)
+    for variant in variants + variants:  # interleaved against drift
+        keep = variant != "per-forward"
+        undo = compile_elementwise(model) if variant == "compiled" else None
+        start = time.perf_counter()
+        _update_once(model, optimizer, batch, micro=micro, keep=keep)  # warm-up (oneDNN primitives, compilation)
+        results.setdefault("warmup_s", {}).setdefault(variant, []).append(time.perf_counter() - start)
         runs = [_update_once(model, optimizer, batch, micro=micro, keep=keep) for _ in range(args.reps)]
         results["variants"].setdefault(variant, []).extend(runs)
+        if undo is not None:
+            undo()
     summary = {
         name: {phase: statistics.median(r[phase] for r in runs) for phase in runs[0]}
         for name, runs in results["variants"].items()

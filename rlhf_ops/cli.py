@@ -1,5 +1,5 @@
-"""The ``rlhf`` command line: ``config show|schema|presets|from-verl``, ``train``, ``sft``, ``prepare-data``, ``model
-import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and ``pipeline-job`` (the Ray job
+"""The ``rlhf`` command line: ``config show|schema|presets|from-verl``, ``cost``, ``train``, ``sft``,
+``prepare-data``, ``model import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and ``pipeline-job`` (the Ray job
 entrypoint of the pipeline's heavy tasks). Heavy imports (torch, Ray) happen inside the command that needs them.
 """
 
@@ -43,11 +43,13 @@ def _config_show(args: argparse.Namespace) -> int:
 
 def _preflight(run: RunConfig) -> int:
     """Pre-flight of ``run`` (what ``rlhf train`` checks before it starts anything): 0 ok, 2 problems."""
+    from rlhf_ops.cost_check import cost_summary
     from rlhf_ops.pipeline.preflight import preflight_problems, print_problems
 
     notes: list[str] = []
     problems = preflight_problems(run, notes=notes)
-    for note in notes:
+    cost = cost_summary(run)
+    for note in notes + ([cost[0].summary()] if cost else []):
         print(f"note: {note}", file=sys.stderr)
     if problems:
         print_problems(ConfigError(problems))
@@ -264,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlhf_ops.evaluation.commands import add_eval_parser
 
     add_eval_parser(sub)
+    from rlhf_ops.cost_command import add_cost_parser
+
+    add_cost_parser(sub)
 
     sync = sub.add_parser("sync", help="upload every complete checkpoint of a run folder")
     sync.add_argument("local_run_dir")

@@ -4,7 +4,8 @@
 ``preflight`` task share: model folders, the policy's architecture against the engines
 (:mod:`rlhf_ops.pipeline.preflight_models`), tokenizer (pad / eos, a chat template for chat prompts), the reward
 function's import and signature, data files and their columns, the remote store, an explicit resume
-checkpoint and the MLflow server. Each problem names the config key and the fix; nothing raises a traceback.
+checkpoint, the MLflow server, and the cost model's predicted memory per rank (``rlhf_ops.cost_check``). Each
+problem names the config key and the fix; nothing raises a traceback.
 
 The Airflow task (:func:`run_preflight`) adds what only the pipeline knows: the prepared data's row counts,
 and the plan (the resolved config, the training job's entrypoint and the global steps at which checkpoints
@@ -23,6 +24,7 @@ from typing import Any
 
 from rlhf_ops.config import ConfigError, RunConfig, build_config, load_config, total_training_steps
 from rlhf_ops.config.extension_rules import engine_package_problems, extension_problems
+from rlhf_ops.cost_check import cost_problems
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.override_policy import OverridePolicy
 from rlhf_ops.pipeline.params import PipelineParams, param_overrides, run_overrides, train_entrypoint
@@ -101,6 +103,7 @@ def preflight_problems(
     problems += check_resume_checkpoint(trainer.resume_mode)
     if "mlflow" in trainer.logger:
         problems += check_tracking(config.tracking.mlflow_uri)
+    problems += cost_problems(config)  # predicted memory against the ranks' (rlhf_ops.cost_model)
     return _dedupe(problems)
 
 
