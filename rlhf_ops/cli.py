@@ -1,6 +1,7 @@
 """The ``rlhf`` command line: ``config show|schema|presets|from-verl``, ``cost``, ``train``, ``sft``,
-``prepare-data``, ``model import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and ``pipeline-job`` (the Ray job
-entrypoint of the pipeline's heavy tasks). Heavy imports (torch, Ray) happen inside the command that needs them.
+``prepare-data``, ``model import-gguf|resolve``, ``eval model|gain``, ``sync``, ``export``, ``demo``, and
+``pipeline-job`` (the Ray job entrypoint of the pipeline's heavy tasks).
+Heavy imports (torch, Ray) happen inside the command that needs them.
 """
 
 from __future__ import annotations
