@@ -6,8 +6,9 @@ with its ``train`` extra at the versions of constraints/ci.txt (no Airflow). Nei
 sources (no PYTHONPATH): they import what the wheels installed. MLflow and moto S3 run from the development venv,
 as services.
 
-The venvs are cached under .cache/foreign-venvs/<hash> (tests/support/foreign_stack.py): the first run builds them
-from the package index (~8 minutes), a repeat only reinstalls the two fresh wheels. The pipeline run itself takes
+The venvs are cached under ~/.cache/rlhf-ops/foreign-venvs/<hash> (tests/support/foreign_stack.py): the first run
+builds them from the package index (~8 minutes), a repeat only reinstalls the two fresh wheels.
+The pipeline run itself takes
 3-4 minutes on 2 cores.
 """
 

@@ -1,16 +1,18 @@
 """Virtualenvs standing in for a platform team's own stack: an Airflow of another release with the provider wheel
 installed alone, and a Ray cluster's Python holding only the library wheel.
 
-Each venv lies under ``.cache/foreign-venvs/<name>-<hash>`` (ignored by git); the hash covers what decides its
-third-party contents (the requirements, the dependency tables of both pyproject files, the constraints file, the
-interpreter), so a repeat only reinstalls the freshly built wheels (``--no-deps``, seconds). A venv is used only
-once its ``.complete`` marker exists: an interrupted build is started over.
+Each venv lies under ``$RLHF_FOREIGN_VENV_CACHE/<name>-<hash>`` (default ``~/.cache/rlhf-ops/foreign-venvs``,
+outside the checkout, so a fresh clone on the same machine reuses it; building one takes ~8 minutes); the hash
+covers what decides its third-party contents (the requirements, the dependency tables of both pyproject files, the
+constraints file, the interpreter), so a repeat only reinstalls the freshly built wheels (``--no-deps``, seconds). A
+venv is used only once its ``.complete`` marker exists: an interrupted build is started over.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "foreign-venvs"
+CACHE = Path(os.environ.get("RLHF_FOREIGN_VENV_CACHE", Path.home() / ".cache" / "rlhf-ops" / "foreign-venvs"))
 CONSTRAINTS = ROOT / "constraints" / "ci.txt"
 PYTHON = shutil.which("python3.11") or sys.executable
 # The foreign Airflow: the newest 3.1.x (the oldest line with the HITL operators the approval gate uses); ours is 3.3.
