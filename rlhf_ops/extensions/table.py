@@ -24,13 +24,14 @@ import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
-
-from pydantic import AfterValidator, Field
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rlhf_ops.code_policy import import_dotted, split_dotted
+
+if TYPE_CHECKING:  # pydantic only where a config field is built: the algorithms import the tables on the GPU check's
+    # machine, which has no pydantic (scripts/gpu_check_lite.py)
+    from pydantic import AfterValidator
+    from pydantic.fields import FieldInfo
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +191,8 @@ def choice_check(table: Table[Any]) -> AfterValidator:
     A dotted path is imported at pre-flight, not here: the Airflow side may validate a config whose user code
     only the Ray job has.
     """
+    from pydantic import AfterValidator
+    from pydantic_core import PydanticCustomError
 
     def check(value: str) -> str:
         if is_dotted(value) or value in table:
@@ -205,5 +208,7 @@ def choice_check(table: Table[Any]) -> AfterValidator:
 
 def choice_schema(table: Table[Any]) -> FieldInfo:
     """The schema of such a field: it lists the names selectable now (``rlhf config schema``)."""
+    from pydantic import Field
+
     info: FieldInfo = Field(json_schema_extra=table.schema_extra())
     return info

@@ -31,16 +31,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from torch import Tensor
 
-from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.extensions.rollout import RolloutEngine
 from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the config (pydantic) is not needed to run an engine: the GPU check has no pydantic
+    from rlhf_ops.config.schema import RolloutConfig
 
 __all__ = [
     "EngineContext",
