@@ -102,9 +102,20 @@ def _run(cmd: list[str], *, timeout_s: float) -> None:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({result.returncode}):\n{tail}")
 
 
+# The AWS chain the provider brings (the Amazon provider's hook, s3fs): without pins pip backtracks through years of
+# boto3 / aiobotocore / s3fs releases (over 12 minutes). A team's own Airflow constraints file plays this part.
+AWS_CHAIN = ("apache-airflow-providers-amazon", "aiobotocore", "boto3", "botocore", "s3fs", "fsspec")
+
+
+def locked(names: Sequence[str]) -> list[str]:
+    """``name==version`` for each of ``names`` from the lock file (``constraints/ci.txt``)."""
+    pins = dict(line.split("==", 1) for line in CONSTRAINTS.read_text().splitlines() if "==" in line)
+    return [f"{name}=={pins[name].strip()}" for name in names]
+
+
 def airflow_venv(wheels: dict[str, Path]) -> Path:
     """Another Airflow 3 release, no torch, and the provider wheel installed alone (it pulls the library core)."""
-    requirements = [f"apache-airflow=={FOREIGN_AIRFLOW}", "{provider}"]
+    requirements = [f"apache-airflow=={FOREIGN_AIRFLOW}", "{provider}", *locked(AWS_CHAIN)]
     return cached_venv("airflow", requirements, wheels=wheels, reinstall=("library", "provider"))
 
 
