@@ -9,6 +9,7 @@ a ``MetaDataset`` carries the metadata only, so the task stays light whatever th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,8 +36,7 @@ def dataset_inputs(prepared: Mapping[str, Any], manifest: Mapping[str, Any]) -> 
         prepared: ``prepare_data``'s result (``train_url``, ``val_url``, ``run_id``).
         manifest: Its ``manifest.json`` (``files``: ``{name: {"sha256", "num_rows"}}``).
     """
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     from rlhf_ops.tracking.params import redact_value
@@ -48,12 +48,16 @@ def dataset_inputs(prepared: Mapping[str, Any], manifest: Mapping[str, Any]) -> 
         if not isinstance(info, Mapping) or not url or not info.get("num_rows"):
             continue  # an empty split (no validation rows) is not an input
         stem = name.split(".", 1)[0]
-        dataset = MetaDataset(  # type: ignore[abstract]  # mlflow's stub: profile is a property there
-            _source(redact_value(str(url))),
+        source = _source(redact_value(str(url)))
+        # The entity itself, not mlflow.data's MetaDataset: that needs numpy (mlflow.types.Schema), which the
+        # provider's torch-free Airflow side (mlflow-skinny) does not have.
+        dataset = Dataset(
             name=f"{prepared.get('run_id') or 'data'}/{stem}",
-            digest=str(info.get("sha256", ""))[:DIGEST_CHARS] or None,
+            digest=str(info.get("sha256", ""))[:DIGEST_CHARS] or hashlib.sha256(str(url).encode()).hexdigest()[:8],
+            source_type=source._get_source_type(),
+            source=source.to_json(),
         )
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+        inputs.append(DatasetInput(dataset, [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
     return inputs
 
 

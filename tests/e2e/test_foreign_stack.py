@@ -157,7 +157,12 @@ def services(stack: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     try:
         with running_moto_server() as moto, mlflow_server(root=tmp_path_factory.mktemp("mlflow")) as tracking_uri:
             moto.create_bucket(BUCKET)
+            # The cluster's own identity (the default: no credential is forwarded to a job): the Ray head's own
+            # environment holds the store's keys, as a node role or a mounted secret would provide them.
+            os.environ.update({"AWS_ACCESS_KEY_ID": "ray-node", "AWS_SECRET_ACCESS_KEY": "ray-node-secret"})
             head = start_ray_head(tmp_path_factory.mktemp("ray"), auth_token=token, num_cpus=2, python=stack["ray"])
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+                os.environ.pop(name)
             port = int(head.url.rsplit(":", 1)[1])
             conns = {
                 "AIRFLOW_CONN_RAY_DEFAULT": json.dumps(
