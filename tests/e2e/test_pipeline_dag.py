@@ -306,8 +306,10 @@ def test_registered_model_version_and_champion_alias(pipeline_run: dict[str, Any
     assert champion.source == f"runs:/{run_id}/model"
     assert champion.tags["rlhf.eval_metric_name"] == "eval/reward/mean"
     assert float(champion.tags["rlhf.eval_metric_value"]) == pytest.approx(registered["value"])
-    model_files = {a.path for a in client.list_artifacts(run_id, "model")}
-    assert {"model/config.json", "model/model.safetensors", "model/tokenizer.json"} <= model_files
+    # An MLflow Model (transformers flavour) whose model/ folder is the HF export itself.
+    assert "model/MLmodel" in {a.path for a in client.list_artifacts(run_id, "model")}
+    hf_files = {a.path for a in client.list_artifacts(run_id, "model/model")}
+    assert {"model/model/config.json", "model/model/model.safetensors", "model/model/tokenizer.json"} <= hf_files
 
 
 def test_asset_events_and_the_downstream_trigger(pipeline_run: dict[str, Any]) -> None:
