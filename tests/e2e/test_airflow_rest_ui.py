@@ -243,7 +243,7 @@ def _mlflow_params_and_steps(stack: Stack, mlflow_run_id: str) -> tuple[dict[str
         ({"rollout_n": 0}, "rollout_n"),  # minimum 1
         ({"total_training_steps": "two"}, "total_training_steps"),  # integer or null
         ({"preset": "tiny-gpu"}, "preset"),  # not a shipped preset
-        ({"remote_store_url": "ftp://host/runs"}, "remote_store_url"),  # file, s3, hdfs, webhdfs only
+        ({"remote_store_url": "host/runs"}, "remote_store_url"),  # a URL with a scheme (any fsspec protocol)
     ],
 )
 def test_rest_api_refuses_a_param_that_breaks_the_schema(
@@ -338,7 +338,7 @@ def _refused_store_url(page: Page, stack: Stack, shots: Path) -> None:
     before = _run_count(stack)
     dialog.get_by_role("button", name="Storage and cluster").click()
     store = dialog.locator("input[name=element_remote_store_url]")
-    store.fill("ftp://host/runs")  # the form does not check patterns as you type; the API does
+    store.fill("host/runs")  # no scheme; the form does not check patterns as you type, the API does
     dialog.get_by_role("button", name="Trigger").click()
     error = dialog.get_by_text("Invalid input for param remote_store_url")
     expect(error).to_be_visible()

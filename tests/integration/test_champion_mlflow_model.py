@@ -18,6 +18,7 @@ import torch
 from mlflow import MlflowClient
 
 from rlhf_ops.pipeline.checkpoints import EVAL_FILE
+from rlhf_ops.pipeline.job_requests import RegisterRequest, RunRef
 from rlhf_ops.pipeline.job_results import read_result
 from rlhf_ops.pipeline.jobs import run_job
 from rlhf_ops.pipeline.layout import RunLayout
@@ -74,22 +75,28 @@ def test_registered_champion_loads_with_pyfunc_and_generates(
     import mlflow.transformers
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # as RayTaskJobOperator passes mlflow_default
-    layout = RunLayout.for_run(dag_id="champion_dag", run_id="manual__1", work_dir=str(tmp_path / "work"))
+    run = RunRef(
+        dag_id="champion_dag",
+        run_id="manual__1",
+        work_dir=str(tmp_path / "work"),
+        remote_store_url=(tmp_path / "store").as_uri(),
+    )
+    layout = run.layout()
     weights = _trained_checkpoint(layout, tiny_model_dir, step=2)
     client = MlflowClient(tracking_uri)
     run_id = client.create_run(client.create_experiment("champion-model-it")).info.run_id
-    request = {
-        "layout": layout.to_dict(),
-        "config": _config(tiny_model_dir),
-        "mlflow_run_id": run_id,
-        "registered_name": NAME,
-        "metric": "eval/acc",
-        "eval_n_samples": 1,
-        "eval_max_prompts": 4,
-    }
-    env = {"RLHF_SUBMISSION_ID": "af-register", "RLHF_JOB_REQUEST": json.dumps(request)}
-    code = run_job("register", result_dir=layout.jobs_dir, environ=env)
-    result = read_result(layout.jobs_dir, "af-register")
+    request = RegisterRequest(
+        run=run,
+        config=_config(tiny_model_dir),
+        mlflow_run_id=run_id,
+        registered_name=NAME,
+        metric="eval/acc",
+        eval_n_samples=1,
+        eval_max_prompts=4,
+    )
+    env = {"RLHF_SUBMISSION_ID": "af-register", "RLHF_JOB_REQUEST": request.model_dump_json()}
+    code = run_job("register", environ=env)
+    result = read_result("af-register", remote_run_url=run.remote_run_url, logs=lambda: "")
     assert code == 0 and result is not None and result["status"] == "ok", result
     assert result["value"]["promoted"] and result["value"]["model_uri"] == f"runs:/{run_id}/model"
 

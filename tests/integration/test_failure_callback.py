@@ -17,7 +17,6 @@ configure_airflow_env()  # before anything imports airflow
 import json  # noqa: E402
 import os  # noqa: E402
 import secrets  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -109,7 +108,6 @@ def test_failed_task_tags_the_mlflow_run_and_notes_the_dag_run(tracking_uri: str
         {"conn_type": "http", "host": api_server.base_url, "login": USERNAME, "password": api_server.password}
     )
     dags = configure_airflow_env() / "dags"
-    shutil.copytree(ROOT / "dags" / "rlhf_airflow.pipeline", dags / "rlhf_airflow.pipeline", dirs_exist_ok=True)
     (dags / "failing_pipeline.py").write_text(DAG_FILE)
     os.environ["TEST_MLFLOW_URI"] = tracking_uri
     os.environ["AIRFLOW_CONN_MLFLOW_DEFAULT"] = json.dumps({"conn_type": "http", "host": tracking_uri})

@@ -93,7 +93,7 @@ def test_a_spec_declares_its_allowed_overrides_and_the_dag_passes_them_to_prefli
     (tmp_path / "bad.yaml").write_text("schedule: null\nallowed_overrides: model.lora.rank\n")
     with pytest.warns(UserWarning, match="allowed_overrides must be a list"):
         dags = load_spec_dags(tmp_path)
-    policy = dags["rlhf_lora"].get_task("preflight").op_kwargs["override_policy"]
+    policy = dags["rlhf_lora"].get_task("preflight").request["override_policy"]
     assert dags["rlhf_lora"].get_task("prepare_data").request["override_policy"] == policy
     assert policy["extra_allowed"] == ["model.lora.*"] and policy["trusted"] == ["trainer.total_training_steps=2"]
     assert "override_policy" not in dags["rlhf_lora"].params  # not a form field: the form cannot widen it
