@@ -365,7 +365,9 @@ def _aws_worker_env(conn_id: str) -> dict[str, str]:
     """This Airflow worker's own S3 access for the task's duration: the hook's resolved credentials."""
     hook = _aws_hook(conn_id)
     env = _aws_settings(hook)
-    creds = hook.get_credentials()
+    # Not hook.get_credentials(): it fails on a connection that resolves to none (a run on a local store).
+    session_creds = hook.get_session().get_credentials()
+    creds = session_creds.get_frozen_credentials() if session_creds is not None else None
     if creds is not None and creds.access_key:
         env.update({"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key})
         if creds.token:
