@@ -66,7 +66,7 @@ class ActorRolloutRefClient:
         return out
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """The actor's full weights on CPU (a collective of every rank; rank 0's answer), for the async rollout group."""
+        """The actor's full weights on CPU (a collective of every rank; rank 0's): the async rollout group's."""
         states: list[dict[str, Tensor]] = self.group.call(ActorRolloutRefWorker.full_state_dict)
         return states[0]
 

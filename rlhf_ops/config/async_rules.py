@@ -22,7 +22,9 @@ def _bounds(run: RunConfig) -> list[ConfigProblem]:
         ("partial_rollout_tokens", a.partial_rollout_tokens < 1, "set 1 or more tokens, e.g. 16"),
     ]
     return [
-        ConfigProblem(f"{_KEY}.{name}", f"is {getattr(a, name)}, out of range", fix) for name, bad, fix in checks if bad
+        ConfigProblem(f"{_KEY}.{name}", f"is {getattr(a, name)}, out of range", fix)
+        for name, bad, fix in checks
+        if bad
     ]
 
 

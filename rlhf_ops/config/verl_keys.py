@@ -384,7 +384,9 @@ VERL_KEYS: dict[str, Entry] = {
         "verl's share of stale samples per batch; the bound here is in policy versions",
         "trainer.async_rollout.max_staleness",
     ),
-    "async_training.*": Drop("verl's fully-async recipe; its counterpart is trainer.pipeline=async", "trainer.pipeline"),
+    "async_training.*": Drop(
+        "verl's fully-async recipe; its counterpart is trainer.pipeline=async", "trainer.pipeline"
+    ),
 }
 
 # Roots only verl has: a key under them that the table does not know is refused (never passed on).

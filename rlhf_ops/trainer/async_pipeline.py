@@ -129,7 +129,11 @@ class AsyncPipeline:
         }
         generated = batch.generated
         assert generated is not None
-        return merge_generation(batch.prompts, generated, keys=gen_keys(generated)), batch.epoch, float(lag.double().mean())
+        return (
+            merge_generation(batch.prompts, generated, keys=gen_keys(generated)),
+            batch.epoch,
+            float(lag.double().mean()),
+        )
 
     def after_update(self, step: int, timer: StageTimer) -> dict[str, float]:
         """After step ``step``'s update: pushes the new weights, admits the next batches; returns the step's metrics

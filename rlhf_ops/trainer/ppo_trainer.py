@@ -25,6 +25,7 @@ from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
+from rlhf_ops.trainer.async_pipeline import AsyncPipeline, RolloutGroup
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
 from rlhf_ops.trainer.faults import NothingLeftToTrain, Preempted, PreemptionNotice, SaveSchedule
 from rlhf_ops.trainer.faults import warn_if_grace_too_short as _warn_if_grace_too_short
@@ -36,7 +37,6 @@ from rlhf_ops.trainer.metrics import (
     compute_throughput_metrics,
     log_profile_traces,
 )
-from rlhf_ops.trainer.async_pipeline import AsyncPipeline, RolloutGroup
 from rlhf_ops.trainer.one_step_off import OneStepOffPipeline
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer

@@ -60,7 +60,7 @@ class AsyncRolloutGroup:
             )
             for i in range(num_workers)
         ]
-        ray.get([w.stats.remote() for w in workers])  # constructed (model loaded) or raises
+        ray.get([w.stats.remote() for w in workers])  # type: ignore[attr-defined]  # built, or raises
         return cls(workers, remote=True, weight_transport=weight_transport, weight_store_url=weight_store_url)
 
     @classmethod
@@ -87,7 +87,9 @@ class AsyncRolloutGroup:
         bounds = [round(i * groups / parts) * n for i in range(parts + 1)]
         for part in range(parts):
             chunk = prompts[list(range(bounds[part], bounds[part + 1]))]  # a copy of the rows
-            self._call("submit", f"{batch_id}/{part}", chunk, sampling, min_version, front, targets=[self.workers[part]])
+            self._call(
+                "submit", f"{batch_id}/{part}", chunk, sampling, min_version, front, targets=[self.workers[part]]
+            )
         return parts
 
     def poll(self, timeout_s: float) -> list[tuple[int, int, DataProto]]:

@@ -131,13 +131,16 @@ class AsyncRolloutWorker:
     def push_weights(self, weights: dict[str, Tensor] | bytes | str, version: int) -> None:
         """Keeps ``weights`` (a state dict, safetensors bytes, or a URL of a safetensors file: read here, so the
         caller may delete it once this returns) to be taken at the next piece boundary."""
+        payload: dict[str, Tensor] | bytes | bytearray
         if isinstance(weights, str):
             from rlhf_ops.storage.stores import open_store
 
             fs, path = open_store(weights)
             with fs.open(path, "rb") as f:
-                weights = f.read()
-        state = read_weights(weights) if isinstance(weights, bytes | bytearray) else dict(weights)
+                payload = f.read()
+        else:
+            payload = weights
+        state = read_weights(bytes(payload)) if isinstance(payload, bytes | bytearray) else dict(payload)
         with self._cond:
             if self._weights is None or version > self._weights[0]:
                 self._weights = (version, state)
@@ -251,4 +254,3 @@ class AsyncRolloutWorker:
         )
         result.tensors["token_policy_version"] = versions * response_mask.long()
         return result
-
