@@ -8,16 +8,25 @@ changes after each update.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf_ops.config import load_config
+from rlhf_ops.config import derive_batch_plan, load_config
 from rlhf_ops.config.async_trainer import AsyncRolloutConfig
 from rlhf_ops.data.dataset import PromptDataset, PromptLoader
+from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
+from rlhf_ops.tracking.logger import JsonlLogger
 from rlhf_ops.trainer.async_pipeline import AsyncPipeline
+from rlhf_ops.trainer.ppo_trainer import PPOTrainer
+from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.timing import StageTimer
+from tests.unit.trainer.test_controller import SMALL, CharTokenizer, FakeActorRolloutRef, exact
+from tests.unit.trainer.test_controller import _loader as _controller_loader
 from workers.rollout.async_group import AsyncRolloutGroup
 from workers.rollout.async_rollout_worker import RolloutWorkerSpec
 
@@ -140,3 +149,60 @@ def test_resume_keeps_or_regenerates_the_buffer_never_both(tiny_model_dir: str, 
         assert _step(resumed, actor, 3)["async/resume_kept_rows"] == 0.0
     finally:
         group.shutdown()
+
+
+class CountingActor(FakeActorRolloutRef):
+    """The controller tests' actor whose weights are a real model's, changed by each update."""
+
+    def __init__(self, model_dir: str) -> None:
+        super().__init__()
+        self.weights = Actor(model_dir)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        self.calls.append(("full_state_dict", {}))
+        return self.weights.full_state_dict()
+
+    def update_actor(self, data: DataProto, *, temperature: float, step: int | None) -> dict[str, float]:
+        metrics = super().update_actor(data, temperature=temperature, step=step)
+        self.weights.update()
+        return metrics
+
+
+def test_the_controller_trains_from_the_rollout_group_and_pushes_weights_after_each_update(
+    tiny_model_dir: str, tmp_path: Path
+) -> None:
+    config = load_config("tiny-cpu", [*SMALL, "trainer.pipeline=async", "rollout.temperature=1.0"])
+    loader = _controller_loader(config)
+    actor = CountingActor(tiny_model_dir)
+    spec = RolloutWorkerSpec(
+        model_path=tiny_model_dir,
+        rollout=config.rollout,
+        pad_token_id=0,
+        eos_token_id=(2,),
+        max_prompt_length=4,
+        seed=3,
+    )
+    group = AsyncRolloutGroup.local(spec)
+    trainer = PPOTrainer(
+        config,
+        derive_batch_plan(config, steps_per_epoch=len(loader)),
+        actor_rollout_ref=actor,
+        critic=None,
+        reward=RewardStage(tokenizer=CharTokenizer(), reward_fn=exact, reward_model=None),
+        train_loader=loader,
+        val_loader=None,
+        logger=JsonlLogger(tmp_path / "metrics.jsonl"),
+        tokenizer=CharTokenizer(),
+        async_rollout=group,
+    )
+    try:
+        trainer.fit()
+    finally:
+        group.shutdown()
+    order = [name for name, _ in actor.calls if name in ("full_state_dict", "update_actor", "generate_sequences")]
+    assert order == ["full_state_dict", *["update_actor", "full_state_dict"] * 3]  # the actor never generates
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [1, 2, 3]
+    assert all(row["training/policy_lag_max"] <= 1.0 and "async/rollout_idle_frac" in row for row in logged)
+    trained = actor.calls_to("update_actor")[0]["tensors"]
+    assert trained["responses"].shape == (4, 3)  # 2 prompts x n=2, R=3 from the tiny model's group
