@@ -93,3 +93,47 @@ def test_async_run_bounds_the_lag_and_a_killed_run_keeps_its_buffer(
     assert first["async/resume_kept_rows"] + first["async/resume_regenerated_rows"] == 32  # 8 prompts x 4, once
     assert first["async/resume_kept_rows"] == kept_expected
     assert all(r["async/resume_kept_rows"] == 0 for r in resumed[1:])
+
+
+def test_the_rollout_group_runs_as_ray_actors_with_object_store_weights(tiny_model_dir: str) -> None:
+    """The Ray path of the group (the unit tests run it in-process): actors outside any placement group, the state
+    dict through one ray.put, a request held until its weights arrive."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_ops.padding import compute_position_ids
+    from rlhf_ops.protocol import DataProto
+    from rlhf_ops.sampling import SamplingParams
+    from workers.rollout.async_group import AsyncRolloutGroup
+    from workers.rollout.async_rollout_worker import RolloutWorkerSpec
+
+    config = load_config("tiny-cpu", ["rollout.max_new_tokens=3"])
+    spec = RolloutWorkerSpec(
+        model_path=tiny_model_dir,
+        rollout=config.rollout,
+        pad_token_id=0,
+        eos_token_id=(2,),
+        max_prompt_length=4,
+        seed=3,
+    )
+    group = AsyncRolloutGroup.launch(spec, num_workers=1, num_cpus=0.25)
+    try:
+        ids = torch.tensor([[0, 5, 6], [0, 5, 6]])
+        mask = (ids != 0).long()
+        prompts = DataProto.from_dict(
+            {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
+        )
+        sampling = SamplingParams(temperature=1.0, response_length=3, eos_token_id=(2,), pad_token_id=0)
+        assert group.submit(1, prompts, sampling, n=2, min_version=1, front=False) == 1
+        assert group.poll(0.5) == []  # held: the worker has version 0
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        group.push_weights({k: v * 1.5 for k, v in model.state_dict().items()}, 1)
+        found = []
+        deadline = time.monotonic() + 60
+        while not found and time.monotonic() < deadline:
+            found = group.poll(1.0)
+        assert [(b, p, len(d)) for b, p, d in found] == [(1, 0, 2)]
+        assert found[0][2].tensors["token_policy_version"].max().item() == 1
+        assert group.stats()[0]["version"] == 1.0
+    finally:
+        group.shutdown()
