@@ -41,6 +41,18 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names to adapt, or 'all-linear'."
     )
+    save_adapter_only: bool = Field(
+        False,
+        description="Checkpoints hold the adapters and their optimizer state only (not the frozen base weights); "
+        "resume rebuilds the base from model.path. The HF export still writes the merged model, plus its adapter "
+        "folder. Needs rank > 0 (verl: actor_rollout_ref.actor.checkpoint.save_lora_only).",
+    )
+    sync_adapter_only: bool = Field(
+        False,
+        description="Weight sync to a vLLM rollout engine sends the adapters only (a vLLM LoRARequest, the engine "
+        "keeps the base model it loaded from model.path) instead of merged full weights. Needs rank > 0, "
+        "rollout.engine=vllm with rollout.mode=sync, and rollout.free_cache_engine=false on CPU.",
+    )
 
 
 class ModelConfig(Section):

@@ -332,7 +332,13 @@ class ActorRolloutRefWorker(Worker):
         """Sharded model + optimizer + scheduler of the actor under ``path`` (one writer per rank)."""
         self._need("actor", "save_checkpoint")
         assert self.actor is not None and self.actor.optimizer is not None
-        save_role_checkpoint(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+        save_role_checkpoint(
+            path,
+            self.actor.module,
+            self.actor.optimizer,
+            self.actor.lr_scheduler,
+            adapter_only=self.spec.model.lora.save_adapter_only,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
@@ -348,7 +354,9 @@ class ActorRolloutRefWorker(Worker):
         """Without a shared filesystem: this rank's shards on its node, uploaded to ``ckpt.remote_url``."""
         self._need("actor", "save_checkpoint_to_store")
         assert self.actor is not None and self.actor.optimizer is not None
-        return save_role_to_store(ckpt, role, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+        module, optimizer, scheduler = self.actor.module, self.actor.optimizer, self.actor.lr_scheduler
+        adapter_only = self.spec.model.lora.save_adapter_only
+        return save_role_to_store(ckpt, role, module, optimizer, scheduler, adapter_only=adapter_only)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None:
