@@ -471,7 +471,11 @@ class TrainerConfig(FaultToleranceKeys):
         "MLflow artifacts under profiles/); empty = off.",
     )
     profile_dir: str = Field("profiles", description="Local folder for the traces (one per step, role and rank).")
-    logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    logger: list[LoggerName] = Field(
+        default_factory=lambda: list(DEFAULT_LOGGERS),
+        description="Where step metrics go: console, jsonl (run folder), mlflow, prometheus (live: Ray gauges on "
+        "each node's metrics export port, with the rollout engines' own metrics; docs/live_metrics.md).",
+    )
 
 
 class TrackingConfig(Section):
