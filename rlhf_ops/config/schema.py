@@ -47,12 +47,6 @@ class LoraConfig(Section):
         "resume rebuilds the base from model.path. The HF export still writes the merged model, plus its adapter "
         "folder. Needs rank > 0 (verl: actor_rollout_ref.actor.checkpoint.save_lora_only).",
     )
-    sync_adapter_only: bool = Field(
-        False,
-        description="Weight sync to a vLLM rollout engine sends the adapters only (a vLLM LoRARequest, the engine "
-        "keeps the base model it loaded from model.path) instead of merged full weights. Needs rank > 0, "
-        "rollout.engine=vllm with rollout.mode=sync, and rollout.free_cache_engine=false on CPU.",
-    )
 
 
 class ModelConfig(Section):

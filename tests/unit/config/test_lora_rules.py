@@ -1,4 +1,4 @@
-"""Error paths of ``model.lora.save_adapter_only`` / ``sync_adapter_only`` (one line: key, fix), and verl's key."""
+"""Error path of ``model.lora.save_adapter_only`` (one line: key, fix), and verl's key for it."""
 
 from __future__ import annotations
 
@@ -15,12 +15,9 @@ def _problems(overrides: list[str]) -> dict[str, str]:
 
 
 def test_adapter_only_keys_default_off_and_are_accepted_with_lora() -> None:
-    lora = load_config("tiny-cpu").model.lora
-    assert (lora.save_adapter_only, lora.sync_adapter_only) == (False, False)
-    on = ["model.lora.rank=8", "model.lora.save_adapter_only=true", "model.lora.sync_adapter_only=true"]
-    vllm = ["rollout.engine=vllm", "rollout.free_cache_engine=false", "rollout.kv_cache_memory_bytes=67108864"]
-    lora = load_config("tiny-cpu", [*on, *vllm]).model.lora
-    assert (lora.rank, lora.save_adapter_only, lora.sync_adapter_only) == (8, True, True)
+    assert load_config("tiny-cpu").model.lora.save_adapter_only is False
+    lora = load_config("tiny-cpu", ["model.lora.rank=8", "model.lora.save_adapter_only=true"]).model.lora
+    assert (lora.rank, lora.save_adapter_only) == (8, True)
 
 
 def test_adapter_only_without_lora_names_the_key_and_the_fix() -> None:
@@ -29,15 +26,6 @@ def test_adapter_only_without_lora_names_the_key_and_the_fix() -> None:
     line = problems["model.lora.save_adapter_only"]
     assert "\n" not in line and "model.lora.rank=0" in line
     assert "Fix: set model.lora.rank > 0 (e.g. 8), or model.lora.save_adapter_only=false" in line
-
-
-def test_adapter_sync_needs_vllm_that_keeps_its_base_weights() -> None:
-    problems = _problems(["model.lora.rank=8", "model.lora.sync_adapter_only=true"])  # hf engine (tiny-cpu)
-    assert list(problems) == ["model.lora.sync_adapter_only"]
-    assert "rollout.engine=hf" in problems["model.lora.sync_adapter_only"]
-    vllm = ["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=67108864"]  # free_cache_engine=true by default
-    problems = _problems(["model.lora.rank=8", "model.lora.sync_adapter_only=true", *vllm])
-    assert "Fix: set rollout.free_cache_engine=false" in problems["model.lora.sync_adapter_only"]
 
 
 def test_verl_save_lora_only_carries_to_the_native_key() -> None:
