@@ -42,6 +42,12 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names to adapt, or 'all-linear'."
     )
+    save_adapter_only: bool = Field(
+        False,
+        description="Checkpoints hold the adapters and their optimizer state only (not the frozen base weights); "
+        "resume rebuilds the base from model.path. The HF export still writes the merged model, plus its adapter "
+        "folder. Needs rank > 0 (verl: actor_rollout_ref.actor.checkpoint.save_lora_only).",
+    )
 
 
 class ModelConfig(Section):
@@ -457,7 +463,11 @@ class TrainerConfig(FaultToleranceKeys):
         "MLflow artifacts under profiles/); empty = off.",
     )
     profile_dir: str = Field("profiles", description="Local folder for the traces (one per step, role and rank).")
-    logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    logger: list[LoggerName] = Field(
+        default_factory=lambda: list(DEFAULT_LOGGERS),
+        description="Where step metrics go: console, jsonl (run folder), mlflow, prometheus (live: Ray gauges on "
+        "each node's metrics export port, with the rollout engines' own metrics; docs/live_metrics.md).",
+    )
 
 
 class TrackingConfig(Section):

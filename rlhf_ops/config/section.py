@@ -28,7 +28,7 @@ PolicyLossName = Annotated[str, choice_check(POLICY_LOSSES), choice_schema(POLIC
 RolloutEngineName = Annotated[str, choice_check(ROLLOUT_ENGINES), choice_schema(ROLLOUT_ENGINES)]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 DType = Literal["float32", "bfloat16", "float16"]
-LoggerName = Literal["console", "jsonl", "mlflow"]
+LoggerName = Literal["console", "jsonl", "mlflow", "prometheus"]
 DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
 
 

@@ -14,6 +14,7 @@ from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 # GROUP_ESTIMATORS: re-exported for callers that read it here (the table is the source).
 from rlhf_ops.config.extension_rules import GROUP_ESTIMATORS as GROUP_ESTIMATORS
 from rlhf_ops.config.extension_rules import extension_problems
+from rlhf_ops.config.lora_rules import lora_problems
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
@@ -455,6 +456,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     problems.extend(extension_problems(run))
     problems.extend(off_policy_problems(run))
     problems.extend(checkpoint_problems(run.trainer))
+    problems.extend(lora_problems(run))
     problems.extend(
         multi_turn_problems(
             run.rollout.multi_turn,

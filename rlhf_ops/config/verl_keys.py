@@ -213,6 +213,7 @@ VERL_KEYS: dict[str, Entry] = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Carry("algorithm.kl_cov_ratio"),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": Carry("algorithm.ppo_kl_coef"),
     "actor_rollout_ref.actor.policy_loss.*": Drop(_DEFAULTED, "algorithm.policy_loss"),
+    "actor_rollout_ref.actor.checkpoint.save_lora_only": Carry("model.lora.save_adapter_only"),
     "actor_rollout_ref.actor.checkpoint.*": Drop("checkpoints always hold model, optimizer and trainer state"),
     "actor_rollout_ref.actor.profiler.*": Drop("profiling is set per run", "trainer.profile_steps"),
     "actor_rollout_ref.actor.entropy_coeff_schedule": Drop("the entropy bonus is constant", "algorithm.entropy_coeff"),

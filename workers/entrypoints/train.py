@@ -40,6 +40,10 @@ def build_loggers(config: RunConfig, run_dir: Path) -> Any:
 
             # Buffered: an MLflow outage mid-run must not stop training (metrics are sent when it is back).
             loggers.append(MlflowLogger(tracking_uri=config.tracking.mlflow_uri, buffered=True))
+        elif name == "prometheus":
+            from workers.live_metrics import RayMetricsLogger
+
+            loggers.append(RayMetricsLogger(experiment=config.trainer.experiment_name, run=config.trainer.run_name))
     return MultiLogger(loggers)
 
 
