@@ -285,7 +285,8 @@ class ActorRolloutRefWorker(Worker):
 
         if self.live is None:
             self.live = RolloutMetrics(engine=self.spec.rollout.engine, rank=self.rank)
-        mask = out.batch["response_mask"] if "response_mask" in out.batch.keys() else None
+        batch = out.batch
+        mask = batch["response_mask"] if batch is not None and "response_mask" in batch.keys() else None
         sync = self.sharding_manager.last_metrics if self.sharding_manager is not None else {}
         self.live.publish(
             generate_s=float(timing.get("generate_sequences", 0.0)),
