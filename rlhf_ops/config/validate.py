@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rlhf_ops.config.batch_plan import is_on_policy
 from rlhf_ops.config.checkpoint_rules import checkpoint_problems
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 
@@ -417,7 +418,7 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "or unset algorithm.tis_imp_ratio_cap",
             )
         )
-    single_pass = algo.ppo_epochs == 1 and run.actor.ppo_mini_batch_size == run.data.train_batch_size
+    single_pass = is_on_policy(algo.ppo_epochs, run.data.train_batch_size // run.actor.ppo_mini_batch_size)
     if algo.ppo_target_kl is not None and single_pass:
         problems.append(
             ConfigProblem(
