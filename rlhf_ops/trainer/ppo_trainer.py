@@ -40,6 +40,7 @@ from rlhf_ops.trainer.metrics import (
 from rlhf_ops.trainer.one_step_off import OneStepOffPipeline
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
+from rlhf_ops.trainer.sample_ledger import SampleLedger
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
 
@@ -133,6 +134,7 @@ class PPOTrainer:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
         self.state = TrainerState()
+        self.samples = SampleLedger()  # the sample ids each step consumed, through checkpoints (sample_ledger.py)
         if plan.total_steps is None or plan.steps_per_epoch != len(train_loader):
             raise ValueError(
                 f"the plan was derived for {plan.steps_per_epoch} steps per epoch but the loader has "
@@ -301,6 +303,7 @@ class PPOTrainer:
         )
         if self.config.algorithm.filter_groups.enable:  # DAPO: refill zero-variance groups from the next prompts
             batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics, step=step)
+        metrics.update(self.samples.record(batch.non_tensor_batch["uid"]))
         if self.needs_old_log_prob:
             batch = with_keys(batch, self.old_log_prob(batch, timer, metrics, step=step))
         if self.config.needs_ref:
@@ -471,6 +474,7 @@ class PPOTrainer:
             "kl_ctrl": self.state.kl_ctrl,
             "rng": self.state.rng,
             "history": self.state.history,
+            "samples": self.samples.state_dict(),
         }
         if self.pipeline is not None:
             state["pipeline"] = pipeline
@@ -486,6 +490,7 @@ class PPOTrainer:
         )
         self.train_loader.load_state_dict(self.state.loader)
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
+        self.samples.load_state_dict(state.get("samples"))
         if "torch" in self.state.rng:
             torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
         if self.pipeline is not None:  # a sync run's "pipeline" is absent: its next step generates synchronously
