@@ -14,7 +14,6 @@
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
 
-ARG MOTO_VERSION=5.2.5
 ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:/usr/lib/postgresql/15/bin:${PATH} \
     PIP_NO_CACHE_DIR=1 \
@@ -22,12 +21,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# hadolint ignore=DL3008
+# moto at the version of constraints/ci.txt (the S3 server the tests ran against).
+COPY constraints/ci.txt /opt/rlhf/constraints/ci.txt
+# hadolint ignore=DL3008,DL3013
 RUN apt-get update \
     && apt-get install -y --no-install-recommends postgresql-15 redis-server python3 python3-venv ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv \
-    && pip install "moto[server]==${MOTO_VERSION}"
+    && pip install -c /opt/rlhf/constraints/ci.txt "moto[server]"
 
 COPY --chmod=0755 docker/postgres/pg-entrypoint.sh /usr/local/bin/pg-entrypoint.sh
 COPY --chmod=0755 docker/postgres/init-databases.sh /usr/local/bin/init-databases.sh

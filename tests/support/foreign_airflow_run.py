@@ -3,6 +3,7 @@ the installed provider, never this repository's tests or sources.
 
     python foreign_airflow_run.py inspect DAGS_DIR      # provider, `ray` hook, plugin, DAG import errors, torch?
     python foreign_airflow_run.py test-connection       # the `ray_default` connection's Test button
+    python foreign_airflow_run.py hook-meta             # the `ray` connection form, as the UI receives it
     python foreign_airflow_run.py dag-test DAGS_DIR CONF_JSON   # rlhf_ppo through dag.test(), task states
 
 Prints one JSON object on the last line of stdout. AIRFLOW_HOME and the connections come from the environment.
@@ -57,6 +58,18 @@ def inspect(folder: str) -> dict[str, Any]:
     }
 
 
+def hook_meta() -> dict[str, Any]:
+    """The ``ray`` entry of what the API server sends the connection form (``GET /ui/connections/hook_meta``).
+
+    A fresh process: Airflow 3.1 builds it from the hooks' ``get_connection_form_widgets`` with WTForms and FAB
+    stood in for when they are not installed, 3.2+ from the provider info's ``conn-fields``.
+    """
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+
+    entry = next((m for m in HookMetaService.hook_meta_data() if m.connection_type == "ray"), None)
+    return {"ray": None if entry is None else entry.model_dump(mode="json")}
+
+
 def test_connection() -> dict[str, Any]:
     """The `ray_default` connection's Test button, as the API server runs it."""
     from rlhf_airflow.hooks import RayJobHook
@@ -95,12 +108,14 @@ def main(argv: list[str]) -> int:
     mode = argv[0]
     if mode == "inspect":
         result = inspect(argv[1])
+    elif mode == "hook-meta":
+        result = hook_meta()
     elif mode == "test-connection":
         result = test_connection()
     elif mode == "dag-test":
         result = dag_test(argv[1], json.loads(argv[2]))
     else:
-        raise SystemExit(f"unknown mode {mode!r}: inspect, test-connection or dag-test")
+        raise SystemExit(f"unknown mode {mode!r}: inspect, hook-meta, test-connection or dag-test")
     print("\n" + json.dumps(result, default=str))
     return 0
 
