@@ -16,6 +16,7 @@ from rlhf_ops.config.extension_rules import GROUP_ESTIMATORS as GROUP_ESTIMATORS
 from rlhf_ops.config.extension_rules import extension_problems
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
+from rlhf_ops.config.reproducibility_rules import reproducibility_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 from rlhf_ops.extensions import ROLLOUT_ENGINES
 from rlhf_ops.fs_protocols import unknown_protocol_problem
@@ -455,6 +456,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     problems.extend(extension_problems(run))
     problems.extend(off_policy_problems(run))
     problems.extend(checkpoint_problems(run.trainer))
+    problems.extend(reproducibility_problems(run))
     problems.extend(
         multi_turn_problems(
             run.rollout.multi_turn,
