@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from rlhf_ops.config.async_trainer import ASYNC_DOC, PIPELINE_DOC, AsyncRolloutConfig
 from rlhf_ops.config.faults import FaultToleranceKeys
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
@@ -448,11 +449,8 @@ class TrainerConfig(FaultToleranceKeys, ReproducibilityKeys):
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
     balance_batch: bool = Field(True, description="Reorder each step's sequences so ranks get equal token counts.")
     seed: int = 1
-    pipeline: Pipeline = Field(
-        "sync",
-        description="Rollout pipelining: 'sync' (generate, then train) or 'one_step_off' (generate step k+1's batch "
-        "with the weights before update k while step k trains; needs rollout.mode=async). docs/async_rollout.md.",
-    )
+    pipeline: Pipeline = Field("sync", description=PIPELINE_DOC)
+    async_rollout: AsyncRolloutConfig = Field(default_factory=AsyncRolloutConfig, description=ASYNC_DOC)
     profile_steps: list[int] = Field(
         default_factory=list,
         description="Steps to trace with torch.profiler on every rank of every role (Chrome traces, logged as "

@@ -379,6 +379,14 @@ VERL_KEYS: dict[str, Entry] = {
     "ray_kwargs.*": Drop("Ray is joined by address", "resources.ray_address"),
     "ray_init.*": Drop("Ray is joined by address", "resources.ray_address"),
     "transfer_queue.*": Drop("batches move through Ray's object store", inert=(False,)),
+    "async_training.partial_rollout": Carry("trainer.async_rollout.partial_rollout"),
+    "async_training.staleness_threshold": Drop(
+        "verl's share of stale samples per batch; the bound here is in policy versions",
+        "trainer.async_rollout.max_staleness",
+    ),
+    "async_training.*": Drop(
+        "verl's fully-async recipe; its counterpart is trainer.pipeline=async", "trainer.pipeline"
+    ),
 }
 
 # Roots only verl has: a key under them that the table does not know is refused (never passed on).

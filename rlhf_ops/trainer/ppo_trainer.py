@@ -26,6 +26,7 @@ from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer import determinism
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
+from rlhf_ops.trainer.async_pipeline import AsyncPipeline, RolloutGroup
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
 from rlhf_ops.trainer.early_stop import EarlyStop
 from rlhf_ops.trainer.faults import NothingLeftToTrain, Preempted, PreemptionNotice, SaveSchedule
@@ -123,6 +124,7 @@ class PPOTrainer:
         checkpointer: Checkpointer | None = None,
         eos_token_ids: Sequence[int] | None = None,
         preemption: PreemptionNotice | None = None,
+        async_rollout: RolloutGroup | None = None,
     ) -> None:
         self.config, self.plan = config, plan
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
@@ -144,8 +146,20 @@ class PPOTrainer:
         self.total_steps = plan.total_steps
         self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
         # trainer.pipeline=one_step_off: the next step's rollout runs while this one trains (one_step_off.py).
-        self.pipeline: OneStepOffPipeline | None = None
-        if config.trainer.pipeline == "one_step_off":
+        self.pipeline: OneStepOffPipeline | AsyncPipeline | None = None
+        if config.trainer.pipeline == "async":  # a rollout group of its own (async_pipeline.py)
+            if async_rollout is None:
+                raise ValueError("trainer.pipeline=async needs the rollout group: pass async_rollout")
+            self.pipeline = AsyncPipeline(
+                async_rollout,
+                actor_rollout_ref,  # type: ignore[arg-type]  # the Ray client has full_state_dict
+                train_loader,
+                n=plan.rollout_n,
+                sampling=self.sampling,
+                total_steps=self.total_steps,
+                config=config.trainer.async_rollout,
+            )
+        elif config.trainer.pipeline == "one_step_off":
             self.pipeline = OneStepOffPipeline(
                 actor_rollout_ref,
                 train_loader,
@@ -261,7 +275,11 @@ class PPOTrainer:
         start = time.perf_counter()
         batch, epoch, lag = self.pipeline.next_batch(step, timer)
         metrics["training/policy_lag"] = float(lag)  # actor updates between the rollout's weights and this update
-        return self.train_step(batch, timer, metrics, start=start, step=step), epoch
+        metrics = self.train_step(batch, timer, metrics, start=start, step=step)
+        if isinstance(self.pipeline, AsyncPipeline):  # weights to the rollout group; lag, buffer, idle metrics
+            metrics.update(self.pipeline.after_update(step, timer))
+            metrics.update({k: v for k, v in timer.metrics().items() if "weight_push" in k})
+        return metrics, epoch
 
     @property
     def _keep_groups(self) -> bool:

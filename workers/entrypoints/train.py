@@ -198,6 +198,11 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         pad_token_id=int(tokenizer.pad_token_id),
         eos_token_id=tuple(eos_ids),
     )
+    async_group = None
+    if config.trainer.pipeline == "async":  # a rollout group of its own (workers.rollout.async_group)
+        from workers.rollout.async_group import launch_for_run
+
+        async_group = launch_for_run(config, plan, model_path, int(tokenizer.pad_token_id), tuple(eos_ids))
     logger = build_loggers(config, run_dir)
     try:
         overlong = config.reward.overlong_buffer
@@ -247,6 +252,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             checkpointer=checkpointer,
             eos_token_ids=eos_ids,
             preemption=preemption,
+            async_rollout=async_group,
         )
         rollout_dump.attach(trainer, config, model_dir=model_path)
         state = trainer.fit()
@@ -263,6 +269,8 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         return state
     finally:
         logger.close()
+        if async_group is not None:
+            async_group.shutdown()
         groups.shutdown()
 
 
