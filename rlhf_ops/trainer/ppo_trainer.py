@@ -27,6 +27,7 @@ from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer import determinism
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
 from rlhf_ops.trainer.async_pipeline import AsyncPipeline, RolloutGroup
+from rlhf_ops.trainer.balance import balance_tokens_across_ranks
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
 from rlhf_ops.trainer.early_stop import EarlyStop
 from rlhf_ops.trainer.faults import NothingLeftToTrain, Preempted, PreemptionNotice, SaveSchedule
@@ -57,25 +58,6 @@ class TrainerState:
     kl_ctrl: dict[str, Any] = field(default_factory=dict)
     rng: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
-
-
-def balance_tokens_across_ranks(
-    batch: DataProto, *, dp_size: int, keep_groups: bool = False
-) -> tuple[DataProto, float]:
-    """Reorders rows so each data-parallel chunk holds about the same number of tokens (verl's
-    ``_balance_batch``); returns the batch and max/min tokens per rank after balancing. With ``keep_groups``
-    whole ``uid`` groups move together (``actor.share_prompt_prefix``), where they deal out evenly."""
-    from rlhf_ops.seqlen_balancing import balance_batch_across_dp, balance_groups_across_dp
-
-    mask = batch.tensors["attention_mask"]
-    if dp_size <= 1 or len(batch) % dp_size:
-        return batch, 1.0
-    order = None
-    if keep_groups and "uid" in batch.non_tensor_batch:
-        order = balance_groups_across_dp(mask, list(batch.non_tensor_batch["uid"]), dp_size)
-    balanced = batch.reorder(order if order is not None else balance_batch_across_dp(mask, dp_size))
-    per_rank = balanced.tensors["attention_mask"].sum(-1).view(dp_size, -1).sum(-1).float()
-    return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
 
 
 def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
