@@ -17,6 +17,7 @@ from rlhf_ops.config.async_trainer import ASYNC_DOC, PIPELINE_DOC, AsyncRolloutC
 from rlhf_ops.config.faults import FaultToleranceKeys
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
+from rlhf_ops.config.reproducibility import ReproducibilityKeys
 from rlhf_ops.config.section import (
     DEFAULT_LOGGERS,
     AdvEstimator,
@@ -349,9 +350,8 @@ class RolloutConfig(Section):
 
 
 class OverlongBufferConfig(Section):
-    """DAPO's soft overlong punishment on the rule reward (verl's ``reward_model.overlong_buffer``).
-
-    A response of L tokens gets ``min(0, -(L - (max_new_tokens - len)) / len * penalty_factor)`` added:
+    """DAPO's soft overlong punishment on the rule reward (verl's ``reward_model.overlong_buffer``):
+    a response of L tokens gets ``min(0, -(L - (max_new_tokens - len)) / len * penalty_factor)`` added:
     0 up to ``rollout.max_new_tokens - len`` tokens, then linearly down to ``-penalty_factor``.
     """
 
@@ -415,8 +415,8 @@ class ResourcesConfig(Section):
         return max(1, int(self.num_cpus_per_worker))
 
 
-class TrainerConfig(FaultToleranceKeys):
-    """The controller loop, checkpoints and resume (fault-tolerance keys: rlhf_ops.config.faults)."""
+class TrainerConfig(FaultToleranceKeys, ReproducibilityKeys):
+    """The controller loop, checkpoints and resume (more keys: rlhf_ops.config.faults and .reproducibility)."""
 
     experiment_name: PathComponent = Field(
         "rlhf", description="Folder under checkpoint_root (and the remote store): one path component."

@@ -18,6 +18,7 @@ from rlhf_ops.config.extension_rules import extension_problems
 from rlhf_ops.config.lora_rules import lora_problems
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
+from rlhf_ops.config.reproducibility_rules import reproducibility_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
 from rlhf_ops.extensions import ROLLOUT_ENGINES
 from rlhf_ops.fs_protocols import unknown_protocol_problem
@@ -458,6 +459,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     problems.extend(off_policy_problems(run))
     problems.extend(checkpoint_problems(run.trainer))
     problems.extend(lora_problems(run))
+    problems.extend(reproducibility_problems(run))
     problems.extend(
         multi_turn_problems(
             run.rollout.multi_turn,

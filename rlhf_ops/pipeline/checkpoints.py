@@ -135,6 +135,30 @@ class CheckpointNeverCommitted(RuntimeError):
     """Training ended without committing the awaited checkpoint."""
 
 
+class CheckpointNotTrained(CheckpointNeverCommitted):
+    """Training stopped early (``trainer.early_stop``) before the awaited step: nothing to evaluate, not a failure."""
+
+
+def early_stop_step(layout: RunLayout, *, local: bool = True) -> int | None:
+    """The step an early-stopped run ended at (its outcome file, local or remote), or None."""
+    from rlhf_ops.trainer.early_stop import EARLY_STOPPED, read_outcome
+
+    places = []
+    if local:
+        from fsspec.implementations.local import LocalFileSystem
+
+        places.append((LocalFileSystem(), layout.local_run_dir))
+    if layout.remote_run_url:
+        from rlhf_ops.storage import open_store
+
+        places.append(open_store(layout.remote_run_url))
+    for fs, root in places:
+        outcome = read_outcome(fs, root)
+        if outcome is not None and outcome.get("outcome") == EARLY_STOPPED:
+            return int(outcome["step"])
+    return None
+
+
 def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None, local: bool = True) -> str | None:
     """Where checkpoint ``step`` is, or None to keep waiting.
 
@@ -152,6 +176,9 @@ def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None, l
         return found
     if train_state in TRAIN_DONE_STATES or train_state in TRAIN_FAILED_STATES:
         # A finished job has waited for its uploads, so a missing checkpoint will not appear any more.
+        stopped = early_stop_step(layout, local=local) if train_state in TRAIN_DONE_STATES else None
+        if stopped is not None and step > stopped:
+            raise CheckpointNotTrained(f"training stopped early at step {stopped} (trainer.early_stop), before {step}")
         raise CheckpointNeverCommitted(
             f"training is {train_state} and global_step_{step} was never committed under {layout.checkpoint_url}"
         )

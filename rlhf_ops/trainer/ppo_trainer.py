@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,9 +23,12 @@ from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
+from rlhf_ops.trainer import determinism
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
 from rlhf_ops.trainer.async_pipeline import AsyncPipeline, RolloutGroup
+from rlhf_ops.trainer.balance import balance_tokens_across_ranks
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
+from rlhf_ops.trainer.early_stop import EarlyStop
 from rlhf_ops.trainer.faults import NothingLeftToTrain, Preempted, PreemptionNotice, SaveSchedule
 from rlhf_ops.trainer.faults import warn_if_grace_too_short as _warn_if_grace_too_short
 from rlhf_ops.trainer.generation import MEDIA_KEYS, gen_keys, merge_generation
@@ -41,40 +43,11 @@ from rlhf_ops.trainer.one_step_off import OneStepOffPipeline
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
 from rlhf_ops.trainer.sample_ledger import SampleLedger
+from rlhf_ops.trainer.state import TrainerState as TrainerState
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerState:
-    """Everything beyond model/optimizer weights that resume needs (saved as JSON)."""
-
-    global_step: int = 0
-    loader: dict[str, int] = field(default_factory=dict)
-    kl_ctrl: dict[str, Any] = field(default_factory=dict)
-    rng: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, float]] = field(default_factory=list)
-
-
-def balance_tokens_across_ranks(
-    batch: DataProto, *, dp_size: int, keep_groups: bool = False
-) -> tuple[DataProto, float]:
-    """Reorders rows so each data-parallel chunk holds about the same number of tokens (verl's
-    ``_balance_batch``); returns the batch and max/min tokens per rank after balancing. With ``keep_groups``
-    whole ``uid`` groups move together (``actor.share_prompt_prefix``), where they deal out evenly."""
-    from rlhf_ops.seqlen_balancing import balance_batch_across_dp, balance_groups_across_dp
-
-    mask = batch.tensors["attention_mask"]
-    if dp_size <= 1 or len(batch) % dp_size:
-        return batch, 1.0
-    order = None
-    if keep_groups and "uid" in batch.non_tensor_batch:
-        order = balance_groups_across_dp(mask, list(batch.non_tensor_batch["uid"]), dp_size)
-    balanced = batch.reorder(order if order is not None else balance_batch_across_dp(mask, dp_size))
-    per_rank = balanced.tensors["attention_mask"].sum(-1).view(dp_size, -1).sum(-1).float()
-    return balanced, (per_rank.max() / per_rank.min().clamp(min=1)).item()
 
 
 def needs_old_log_prob(algorithm: AlgorithmConfig, plan: PPOPlan) -> bool:
@@ -133,6 +106,9 @@ class PPOTrainer:
         # Every id that ends a response (rlhf_ops.models.generation.eos_token_ids); default: the tokenizer's.
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
+        self.early_stop = EarlyStop(config.trainer.early_stop)
+        self.recorder: Any = None  # trainer.dump_rollouts / replay_rollouts: rollout_dump.Rollout{Recorder,Replay}
+        self.replay: Any = None
         self.state = TrainerState()
         self.samples = SampleLedger()  # the sample ids each step consumed, through checkpoints (sample_ledger.py)
         if plan.total_steps is None or plan.steps_per_epoch != len(train_loader):
@@ -260,7 +236,7 @@ class PPOTrainer:
         """
         timer, metrics = StageTimer(), dict[str, float]()
         start = time.perf_counter()
-        batch = self.generate(batch, timer, step=step)
+        batch = self.generate(batch, timer, step=step) if self.replay is None else batch
         return self.train_step(batch, timer, metrics, start=start, step=step)
 
     def pipelined_step(self, step: int) -> tuple[dict[str, float], int]:
@@ -285,10 +261,10 @@ class PPOTrainer:
             self.critic is not None and self.config.critic.share_prompt_prefix
         )
 
-    def train_step(
-        self, batch: DataProto, timer: StageTimer, metrics: dict[str, float], *, start: float, step: int | None
-    ) -> dict[str, float]:
-        """Every stage after generation, on the generated ``batch``; ``start`` is the step's start (throughput)."""
+    def _scored_batch(
+        self, batch: DataProto, timer: StageTimer, metrics: dict[str, float], *, step: int | None
+    ) -> DataProto:
+        """The generated ``batch`` balanced across ranks, scored (``train/*`` reward metrics) and filtered."""
         if self.config.trainer.balance_batch:
             batch, imbalance = balance_tokens_across_ranks(
                 batch, dp_size=self.plan.actor.mesh.dp_size, keep_groups=self._keep_groups
@@ -303,6 +279,18 @@ class PPOTrainer:
         )
         if self.config.algorithm.filter_groups.enable:  # DAPO: refill zero-variance groups from the next prompts
             batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics, step=step)
+        if self.recorder is not None and step is not None:  # trainer.dump_rollouts (rollout_dump.py)
+            self.recorder.dump(step, batch, extra=extra, metrics=metrics)
+        return batch
+
+    def train_step(
+        self, batch: DataProto, timer: StageTimer, metrics: dict[str, float], *, start: float, step: int | None
+    ) -> dict[str, float]:
+        """Every stage after generation, on the generated ``batch``; ``start`` is the step's start (throughput)."""
+        if self.replay is None:
+            batch = self._scored_batch(batch, timer, metrics, step=step)
+        else:  # trainer.replay_rollouts: the dumped step, balanced, scored and filtered as it was
+            batch = self.replay.batch(step or self.state.global_step + 1, metrics)
         metrics.update(self.samples.record(batch.non_tensor_batch["uid"]))
         if self.needs_old_log_prob:
             batch = with_keys(batch, self.old_log_prob(batch, timer, metrics, step=step))
@@ -361,7 +349,7 @@ class PPOTrainer:
 
     # ---- loop ---------------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        if self.val_loader is None:
+        if self.val_loader is None or self.replay is not None:  # a replay runs no rollout engine
             return {}
         if self.pipeline is not None:  # validation syncs the newest weights: the prefetch must be done with its own
             self.pipeline.drain()
@@ -373,6 +361,7 @@ class PPOTrainer:
             response_length=self.config.rollout.max_new_tokens,
             tokenizer=self.tokenizer,
             eos_token_ids=self.eos_token_ids,
+            step=determinism.validation_step(self.state.global_step),
         )
 
     def fit(self) -> TrainerState:
@@ -397,7 +386,7 @@ class PPOTrainer:
             self.logger.log_metrics(self.validate(), step=0)
         bar = tqdm(total=self.total_steps, initial=self.state.global_step, desc="rlhf", dynamic_ncols=True)
         warned = False
-        while self.state.global_step < self.total_steps:
+        while self.state.global_step < self.total_steps and self.early_stop.reason is None:
             self._stop_if_preempted(schedule)
             step = self.state.global_step + 1
             started = time.monotonic()
@@ -414,6 +403,7 @@ class PPOTrainer:
             self.state.global_step = step
             if cfg.test_freq and (step % cfg.test_freq == 0 or step == self.total_steps):
                 metrics.update(self.validate())
+            self.early_stop.update(metrics, step)  # trainer.early_stop: may make this step the run's last
             self.state.history.append({k: metrics[k] for k in _HISTORY_KEYS if k in metrics})
             self.logger.log_metrics(metrics, step=step)
             if step in cfg.profile_steps:  # the workers traced this step: attach their files to the run
@@ -421,7 +411,8 @@ class PPOTrainer:
             bar.set_postfix(reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
             bar.update(1)
             step_s = time.monotonic() - started
-            reason = schedule.due(step, is_last=step == self.total_steps) if self.checkpointer is not None else None
+            is_last = step == self.total_steps or self.early_stop.reason is not None
+            reason = schedule.due(step, is_last=is_last) if self.checkpointer is not None else None
             if reason is not None:
                 self._save(schedule, step, reason=reason)
                 if not warned and schedule.last_save_s is not None:
@@ -475,6 +466,7 @@ class PPOTrainer:
             "rng": self.state.rng,
             "history": self.state.history,
             "samples": self.samples.state_dict(),
+            "early_stop": self.early_stop.state_dict(),
         }
         if self.pipeline is not None:
             state["pipeline"] = pipeline
@@ -491,6 +483,7 @@ class PPOTrainer:
         self.train_loader.load_state_dict(self.state.loader)
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
         self.samples.load_state_dict(state.get("samples"))
+        self.early_stop.load_state_dict(state.get("early_stop"))
         if "torch" in self.state.rng:
             torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
         if self.pipeline is not None:  # a sync run's "pipeline" is absent: its next step generates synchronously

@@ -29,6 +29,7 @@ def generate_and_score(
     response_length: int,
     tokenizer: Tokenizer,
     eos_token_ids: Sequence[int] | None = None,
+    step: int | None = None,
 ) -> tuple[DataProto, dict[str, list[float]], list[str]]:
     """Every validation prompt, ``sampling.n`` times; returns the scored batch, reward extras and texts."""
     params = SamplingParams(
@@ -45,8 +46,9 @@ def generate_and_score(
     texts: list[str] = []
     for prompts in loader.iter_epoch():
         repeated = prompts.repeat(sampling.n, interleave=True)
-        # No step: validation draws from the engines' running generators (it does not touch the training seeds).
-        generated = actor_rollout_ref.generate_sequences(repeated, params, step=None)
+        # No step: validation draws from the engines' running generators (it does not touch the training seeds);
+        # a deterministic run seeds it apart from the training steps (rlhf_ops.trainer.determinism).
+        generated = actor_rollout_ref.generate_sequences(repeated, params, step=step)
         batch = merge_generation(repeated, generated, keys=_KEYS)
         scores, extra = reward.score(batch)
         batch = batch.union(DataProto.from_dict(scores))
@@ -66,8 +68,10 @@ def validate(
     response_length: int,
     tokenizer: Tokenizer,
     eos_token_ids: Sequence[int] | None = None,
+    step: int | None = None,
 ) -> dict[str, float]:
-    """``val/<source>/reward/mean`` (+ extras such as ``acc``), ``val/response_length/mean``."""
+    """``val/<source>/reward/mean`` (+ extras such as ``acc``), ``val/response_length/mean``; ``step`` seeds
+    the engines (None: their running generators)."""
     batch, extras, _ = generate_and_score(
         actor_rollout_ref,
         loader,
@@ -76,6 +80,7 @@ def validate(
         response_length=response_length,
         tokenizer=tokenizer,
         eos_token_ids=eos_token_ids,
+        step=step,
     )
     scores = batch.tensors["token_level_scores"].sum(-1)
     sources = list(batch.non_tensor_batch["data_source"])

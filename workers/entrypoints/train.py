@@ -21,6 +21,7 @@ from rlhf_ops.config import ConfigError, RunConfig, derive_batch_plan, load_conf
 from rlhf_ops.config.loader import dump_config
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.pipeline.preflight import checked_config, print_problems
+from rlhf_ops.trainer import determinism
 
 log = logging.getLogger("workers.entrypoints.train")
 
@@ -64,6 +65,7 @@ def worker_env(config: RunConfig) -> dict[str, str]:
     }
     for key in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         env[key] = os.environ.get(key, _ONEDNN_CACHE_CAPACITY)
+    env.update(determinism.worker_env(config.trainer.deterministic))
     return env
 
 
@@ -120,6 +122,10 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     config = checked_config(config)
     import torch
 
+    from rlhf_ops.trainer import early_stop, rollout_dump
+
+    config = rollout_dump.replay_config(config)  # trainer.replay_rollouts: no rollout engine
+
     from rlhf_ops.checkpoint.manager import CheckpointManager
     from rlhf_ops.data.dataset import PromptDataset, PromptLoader
     from rlhf_ops.data.images import is_processor, load_tokenizer_or_processor
@@ -133,6 +139,8 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
 
     # From here a SIGTERM is a preemption notice: checkpoint at the end of the step, exit EXIT_PREEMPTED.
     preemption = PreemptionNotice(config.trainer.preemption_grace_s).install()
+    if config.trainer.deterministic:
+        determinism.apply(intra_op_threads=1)
     torch.manual_seed(config.trainer.seed)
     model_path = resolve_model_path(config.model.path)
     # A vision-language model's directory holds a processor: it encodes image rows; text goes via its tokenizer.
@@ -250,7 +258,19 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             preemption=preemption,
             async_rollout=async_group,
         )
-        return trainer.fit()
+        rollout_dump.attach(trainer, config, model_dir=model_path)
+        state = trainer.fit()
+        if trainer.early_stop.reason is not None:  # a success: the DAG evaluates and registers what it saved
+            outcome = early_stop.record_outcome(
+                trainer.early_stop,
+                step=state.global_step,
+                total_steps=trainer.total_steps,
+                run_dir=run_dir,
+                remote_run_url=remote,
+                logger=logger,
+            )
+            print(f"rlhf: early stop at step {outcome['step']} of {outcome['total_steps']}: {outcome['reason']}")
+        return state
     finally:
         logger.close()
         if async_group is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from rlhf_ops.trainer import determinism
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.dispatch import DPRankInfo, sequence_parallel_rank_info
 
@@ -127,6 +128,7 @@ class Worker:
             env["MASTER_PORT"] = self.ctx.master_port
         # Each Ray actor owns its process, so setting the environment does not leak into other ranks.
         os.environ.update({k: str(v) for k, v in env.items()})
+        determinism.apply_from_env()  # trainer.deterministic: before the worker builds anything
 
     @property
     def rank(self) -> int:

@@ -178,7 +178,7 @@ def wait_for_checkpoint(
 ) -> PokeReturnValue:
     """Sensor poke: done once ``global_step_<step>`` is committed on the remote store (without one: in the work
     folder, which then must be shared)."""
-    from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, checkpoint_ready
+    from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, CheckpointNotTrained, checkpoint_ready
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
 
     train_state = _train_state(context)
@@ -187,7 +187,7 @@ def wait_for_checkpoint(
         try:
             found = checkpoint_ready(step, run_layout, train_state=train_state, local=not run_layout.remote_run_url)
         except CheckpointNeverCommitted as exc:
-            if train_state in FAILED_STATES:
+            if train_state in FAILED_STATES or isinstance(exc, CheckpointNotTrained):  # early stop: a success
                 raise AirflowSkipException(f"nothing to evaluate: {exc}") from None
             raise AirflowFailException(str(exc)) from None
     if found is None:

@@ -1,0 +1,95 @@
+"""``trainer.early_stop``: the threshold and patience rules, resume state, the recorded outcome, and the DAG's
+sensor skipping checkpoints after the stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from rlhf_ops.config import ConfigError
+from rlhf_ops.config.reproducibility import EarlyStopConfig
+from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, CheckpointNotTrained, checkpoint_ready
+from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.trainer.early_stop import EarlyStop, read_outcome, record_outcome
+
+M = "val/reward/mean"
+
+
+def _run(stop: EarlyStop, values: list[float]) -> int | None:
+    for step, value in enumerate(values, start=1):
+        metrics = {M: value, "actor/pg_loss": 0.1}
+        if stop.update(metrics, step):
+            assert metrics["training/early_stopped"] == 1.0
+            return step
+    return None
+
+
+def test_threshold_stops_at_the_first_validation_that_reaches_it_in_either_direction() -> None:
+    assert _run(EarlyStop(EarlyStopConfig(metric=M, threshold=0.8)), [0.1, 0.79, 0.8, 0.9]) == 3
+    assert _run(EarlyStop(EarlyStopConfig(metric=M, mode="min", threshold=0.2)), [0.5, 0.3, 0.19]) == 3
+    assert _run(EarlyStop(EarlyStopConfig(metric=M, threshold=2.0)), [0.1, 0.5]) is None
+
+
+def test_patience_counts_validations_without_a_win_larger_than_min_delta() -> None:
+    stop = EarlyStop(EarlyStopConfig(metric=M, patience=2, min_delta=0.05))
+    assert _run(stop, [0.5, 0.6, 0.62, 0.64]) == 4  # 0.62, 0.64 beat 0.6 by < 0.05
+    assert stop.best == 0.6 and stop.reason is not None and "patience 2" in stop.reason
+
+
+def test_steps_without_validation_are_ignored_and_a_missing_metric_is_one_line() -> None:
+    stop = EarlyStop(EarlyStopConfig(metric="val/copy/acc", threshold=1.0))
+    assert stop.update({"actor/pg_loss": 0.1}, 1) is False
+    with pytest.raises(ConfigError, match=r"trainer.early_stop.metric: val/copy/acc is not among .*val/reward/mean"):
+        stop.update({M: 0.3, "val/response_length/mean": 2.0}, 2)
+
+
+def test_a_resumed_rule_keeps_its_best_and_count() -> None:
+    stop = EarlyStop(EarlyStopConfig(metric=M, patience=2))
+    _run(stop, [0.5, 0.4])
+    again = EarlyStop(EarlyStopConfig(metric=M, patience=2))
+    again.load_state_dict(stop.state_dict())
+    assert again.update({M: 0.45}, 3) is True  # second validation without a win
+
+
+class _Tags:
+    def __init__(self) -> None:
+        self.tags: dict[str, object] = {}
+
+    def set_tags(self, tags: dict[str, object]) -> None:
+        self.tags.update(tags)
+
+
+def test_the_outcome_is_written_and_the_sensor_skips_later_checkpoints_but_fails_earlier_missing_ones(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "work" / "exp" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "global_step_2").mkdir()
+    (run_dir / "global_step_2" / "MANIFEST.json").write_text("{}")
+    stop = EarlyStop(EarlyStopConfig(metric=M, threshold=0.5))
+    stop.update({M: 0.7}, 2)
+    tags = _Tags()
+    record_outcome(stop, step=2, total_steps=6, run_dir=run_dir, remote_run_url=None, logger=tags)
+    assert tags.tags["rlhf.outcome"] == "early_stopped" and tags.tags["rlhf.stopped_at_step"] == 2
+    outcome = read_outcome(LocalFileSystem(), str(run_dir))
+    assert outcome is not None and outcome["step"] == 2 and outcome["best"] == 0.7
+
+    layout = RunLayout(
+        work_dir=str(tmp_path),
+        dag_id="exp",
+        run_key="run",
+        data_root=str(tmp_path),
+        checkpoint_root=str(tmp_path / "work"),
+        experiment="exp",
+        local_run_dir=str(run_dir),
+        remote_run_url=None,
+        cache_dir=str(tmp_path),
+        models_dir=str(tmp_path),
+    )
+    with pytest.raises(CheckpointNotTrained, match="stopped early at step 2"):
+        checkpoint_ready(4, layout, train_state="success")
+    with pytest.raises(CheckpointNeverCommitted) as info:
+        checkpoint_ready(1, layout, train_state="success")  # before the stop: a real loss
+    assert not isinstance(info.value, CheckpointNotTrained)
