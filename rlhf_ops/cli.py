@@ -123,6 +123,7 @@ def _export(args: argparse.Namespace) -> int:
             role=args.role,
             tokenizer_path=tokenizer,
             overwrite=args.overwrite,
+            adapter_only=args.adapter_only,
         )
     except (ValueError, CorruptCheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -282,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--base-model", default=None, help="base model's HF folder (default: the run's model.path)")
     export.add_argument("--role", default="actor", help="role folder to export (default: actor)")
     export.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    export.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="write only the PEFT adapter folder (adapter_config.json, adapter_model.safetensors) of a LoRA run; "
+        "without it a LoRA run's export holds the merged model and its adapter in OUT/adapter",
+    )
     export.set_defaults(func=_export)
     return parser
 

@@ -141,8 +141,7 @@ def predict(
         CPU_EFFICIENCY if peaks.measured else GPU_EFFICIENCY,
         rollout_dtype_bytes=rollout.dtype_bytes,
         # The trainer's rule (rlhf_ops.trainer.ppo_trainer.needs_old_log_prob): on-policy updates skip the pass.
-        old_log_prob=config.algorithm.use_kl_in_reward
-        or not (plan.actor.ppo_epochs == 1 and plan.actor.num_mini_batches == 1),
+        old_log_prob=config.algorithm.use_kl_in_reward or not plan.actor.on_policy,
         use_reference=_uses_reference(config),
         activation_checkpointing=fsdp.activation_checkpointing,
         lora=config.model.lora.rank > 0,

@@ -33,6 +33,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from rlhf_ops.checkpoint.dcp_reader import (
+    ADAPTER_CONFIG_FILE,
     LORA_SCALING_FILE,
     MODEL_KEY,
     SCHEDULER_FILE,
@@ -40,6 +41,7 @@ from rlhf_ops.checkpoint.dcp_reader import (
     SafeLoadPlanner,
 )
 from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload, fetch_to_node, upload_rank_files
+from workers.adapter_state import restrict_to_checkpoint, select_adapter_entries, write_adapter_config
 from workers.fsdp.optim import restore_optimizer_kernel
 
 DCP_METADATA_FILE = ".metadata"  # written by the coordinator (rank 0) once every rank's shards are written
@@ -78,15 +80,25 @@ def lora_scalings(module: nn.Module) -> dict[str, dict[str, float]]:
 
 
 def save_role_checkpoint(
-    path: str, module: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None
+    path: str,
+    module: nn.Module,
+    optimizer: Optimizer | None,
+    scheduler: LRScheduler | None,
+    *,
+    adapter_only: bool = False,
 ) -> list[str]:
     """Collective: every rank writes its shards of model and optimizer under ``path``.
+
+    With ``adapter_only`` (``model.lora.save_adapter_only``) the model entries are the trainable adapters only
+    (:mod:`workers.adapter_state`); the optimizer holds state for those alone anyway.
 
     Returns:
         The names (relative to ``path``) of the files this rank wrote: its shards, and on rank 0 also DCP's
         ``.metadata``, the scheduler's JSON and the LoRA scalings.
     """
     model_sd, optim_sd = get_state_dict(module, optimizer if optimizer is not None else [])
+    if adapter_only:
+        model_sd = select_adapter_entries(model_sd, module)
     state = {MODEL_KEY: model_sd} if optimizer is None else {MODEL_KEY: model_sd, "optim": optim_sd}
     writer = _RecordingWriter(path)
     dcp.save(state, storage_writer=writer)
@@ -98,12 +110,20 @@ def save_role_checkpoint(
         if scalings:
             (Path(path) / LORA_SCALING_FILE).write_text(json.dumps(scalings, indent=1, sort_keys=True))
             written.add(LORA_SCALING_FILE)
+        if write_adapter_config(module, Path(path)):
+            written.add(ADAPTER_CONFIG_FILE)
     dist.barrier()
     return sorted(written)
 
 
 def save_role_to_store(
-    ckpt: NodeCheckpoint, role: str, module: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None
+    ckpt: NodeCheckpoint,
+    role: str,
+    module: nn.Module,
+    optimizer: Optimizer | None,
+    scheduler: LRScheduler | None,
+    *,
+    adapter_only: bool = False,
 ) -> RankUpload:
     """Collective: every rank saves under ``<its node folder>/<role>``, then uploads and deletes its own files.
 
@@ -111,7 +131,9 @@ def save_role_to_store(
     returned.
     """
     rank = dist.get_rank()
-    files = save_role_checkpoint(str(ckpt.local_dir(rank) / role), module, optimizer, scheduler)
+    files = save_role_checkpoint(
+        str(ckpt.local_dir(rank) / role), module, optimizer, scheduler, adapter_only=adapter_only
+    )
     return upload_rank_files(ckpt, rank=rank, role=role, files=files)
 
 
@@ -123,9 +145,14 @@ def fetch_role_dir(ckpt: NodeCheckpoint, role: str) -> str:
 def load_role_checkpoint(
     path: str, module: nn.Module, optimizer: Optimizer | None, scheduler: LRScheduler | None
 ) -> None:
-    """Collective: loads (and reshards) what :func:`save_role_checkpoint` wrote."""
+    """Collective: loads (and reshards) what :func:`save_role_checkpoint` wrote.
+
+    An adapter-only checkpoint loads the adapters (and their optimizer state) and leaves the base weights as
+    the module was built (from ``model.path``); which kind ``path`` holds is read from the checkpoint.
+    """
     optimizers: Optimizer | list[Optimizer] = optimizer if optimizer is not None else []
     model_sd, optim_sd = get_state_dict(module, optimizers)
+    model_sd, adapter_only = restrict_to_checkpoint(model_sd, module, path)
     state: dict[str, Any] = {MODEL_KEY: model_sd} if optimizer is None else {MODEL_KEY: model_sd, "optim": optim_sd}
     dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
     set_state_dict(
@@ -133,7 +160,7 @@ def load_role_checkpoint(
         optimizers,
         model_state_dict=state[MODEL_KEY],
         optim_state_dict=state.get("optim", {}),
-        options=StateDictOptions(strict=True),
+        options=StateDictOptions(strict=not adapter_only),
     )
     if optimizer is not None:
         restore_optimizer_kernel(optimizer)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
@@ -62,6 +64,11 @@ class ActorRolloutRefClient:
         out: DataProto = self._watched(AsyncActorRolloutRefWorker.collect_sequences.__name__, prompts)
         out.meta_info["timing"] = {k: float(v) for k, v in (out.meta_info.get("timing") or {}).items()}
         return out
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The actor's full weights on CPU (a collective of every rank; rank 0's): the async rollout group's."""
+        states: list[dict[str, Tensor]] = self.group.call(ActorRolloutRefWorker.full_state_dict)
+        return states[0]
 
     def _watched(self, method: Any, /, *args: Any, **kwargs: Any) -> Any:
         """``group.call`` bounded by ``watchdog_s``: a call that outlives it fails naming the ranks that returned

@@ -79,6 +79,7 @@ def role_table(
                 num_threads=res.threads_per_worker,
                 profile_steps=profile_steps,
                 profile_dir=profile_dir,
+                live_metrics="prometheus" in config.trainer.logger,
             ),
         )
     ]

@@ -240,6 +240,7 @@ class RayJobHook(BaseHook):
         runtime_env: Mapping[str, Any] | None = None,
         env_vars: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        resume: bool = False,
         entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,
         entrypoint_resources: Mapping[str, float] | None = None,
@@ -255,6 +256,8 @@ class RayJobHook(BaseHook):
             runtime_env: Ray runtime env (working_dir, pip, env_vars…).
             env_vars: Extra environment variables for the driver (string values).
             metadata: Job metadata shown in the dashboard (no secrets).
+            resume: A new job resumes (``RLHF_RESUME_MODE=auto``) even under the base id: the resubmission of a job
+                that a restarted Ray head lost.
             entrypoint_num_cpus: CPUs reserved for the driver.
             entrypoint_num_gpus: GPUs reserved for the driver.
             entrypoint_resources: Custom resources reserved for the driver.
@@ -274,6 +277,8 @@ class RayJobHook(BaseHook):
             env = dict(env_vars or {})
             if attempt > 0:
                 env.update({RESUME_ENV_VAR: "auto", RETRY_INDEX_ENV_VAR: str(attempt)})
+            elif resume:
+                env[RESUME_ENV_VAR] = "auto"
             try:
                 self._submit_new(
                     entrypoint,

@@ -5,7 +5,10 @@ through ``RayJobHook.submit`` under a submission id derived from (dag_id, run_id
 XComs ``ray_submission_id`` and ``ray_dashboard_url``, then defers to ``RayJobTrigger`` (or polls in the worker
 when ``deferrable=False``). ``execute_complete`` turns the trigger event into a return value or an
 ``AirflowException`` carrying the job status and the last log lines, except for a job that ended preempted (exit
-code 75: it checkpointed on a preemption notice), which is resubmitted with resume within the same try.
+code 75: it checkpointed on a preemption notice), which is resubmitted with resume within the same try, and for a
+job the Ray head lost (the head restarted without its job history while the task waited): it is resubmitted under
+the same submission id with resume, at most ``MAX_LOST_RESUBMITS`` times per try. A head that comes back with the
+job is simply re-attached to by the watcher (``RayJobWatcher``: polls are retried for ``head_outage_s``).
 
 Killing: ``on_kill`` (worker side: SIGTERM while executing / polling) and ``RayJobTrigger.on_kill``
 (triggerer side: the user marks a deferred task failed/success or clears it) both stop the Ray job.
@@ -31,7 +34,7 @@ from rlhf_airflow.links import (
     MlflowRunLink,
     RayJobLink,
 )
-from rlhf_airflow.triggers import RayJobTrigger, RayJobWatcher
+from rlhf_airflow.triggers import DEFAULT_HEAD_OUTAGE_S, RayJobTrigger, RayJobWatcher
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -42,6 +45,7 @@ _SUBMISSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 # Ray's message for a driver that exited with rlhf_ops.trainer.faults.EXIT_PREEMPTED (literal: no library import).
 _PREEMPTED = re.compile(r"failed with exit code 75\b")
+MAX_LOST_RESUBMITS = 3  # a job lost by a restarted Ray head is resubmitted at most this often within one try
 
 
 def derive_submission_id(*, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -84,6 +88,7 @@ class RayJobOperator(BaseOperator):
         poll_interval: Seconds between status polls.
         wait_for_completion: False returns right after submission (the id is the return value).
         job_timeout: Seconds since the job's start after which it is stopped and the task fails.
+        head_outage_s: Seconds the wait tolerates an unreachable (restarting) Ray head before the task fails.
         entrypoint_num_cpus: CPUs reserved for the driver.
         entrypoint_num_gpus: GPUs reserved for the driver.
         entrypoint_resources: Custom resources reserved for the driver.
@@ -112,6 +117,7 @@ class RayJobOperator(BaseOperator):
         poll_interval: float = 5,
         wait_for_completion: bool = True,
         job_timeout: float | None = None,
+        head_outage_s: float = DEFAULT_HEAD_OUTAGE_S,
         entrypoint_num_cpus: float | None = None,
         entrypoint_num_gpus: float | None = None,
         entrypoint_resources: dict[str, float] | None = None,
@@ -132,6 +138,7 @@ class RayJobOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.wait_for_completion = wait_for_completion
         self.job_timeout = job_timeout
+        self.head_outage_s = head_outage_s
         self.entrypoint_num_cpus = entrypoint_num_cpus
         self.entrypoint_num_gpus = entrypoint_num_gpus
         self.entrypoint_resources = entrypoint_resources
@@ -164,8 +171,11 @@ class RayJobOperator(BaseOperator):
             dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=-1 if map_index is None else map_index
         )
 
-    def submit_job(self, context: Context | Mapping[str, Any]) -> str:
-        """Build the env and submit (or re-attach to) the job; returns the submission id that owns it."""
+    def submit_job(self, context: Context | Mapping[str, Any], *, resume: bool = False) -> str:
+        """Build the env and submit (or re-attach to) the job; returns the submission id that owns it.
+
+        ``resume``: a new job resumes from its newest checkpoint (``RLHF_RESUME_MODE=auto``), also under the base id.
+        """
         base_id = self.resolve_submission_id(context)
         env = job_env_from_connections(
             s3_conn_id=self.s3_conn_id,
@@ -190,6 +200,7 @@ class RayJobOperator(BaseOperator):
                 runtime_env=runtime_env,
                 env_vars=env,
                 metadata=metadata,
+                resume=resume,
                 entrypoint_num_cpus=self.entrypoint_num_cpus,
                 entrypoint_num_gpus=self.entrypoint_num_gpus,
                 entrypoint_resources=self.entrypoint_resources,
@@ -226,9 +237,12 @@ class RayJobOperator(BaseOperator):
         names = code.module_names()
         return {**(self.runtime_env or {}), **fields}, ({SHIPPED_MODULES_ENV: ",".join(names)} if names else {})
 
-    def execute(self, context: Context) -> str | None:
-        """Submit or re-attach, publish the job's id and URL, then defer (or poll) until it ends."""
-        submission_id = self.submit_job(context)
+    def execute(self, context: Context, *, resume: bool = False, lost: int = 0) -> str | None:
+        """Submit or re-attach, publish the job's id and URL, then defer (or poll) until it ends.
+
+        ``resume`` and ``lost`` (jobs lost by a restarted head so far in this try) are set by ``execute_complete``.
+        """
+        submission_id = self.submit_job(context, resume=resume)
         context["ti"].xcom_push(key=XCOM_SUBMISSION_ID, value=submission_id)
         context["ti"].xcom_push(key=XCOM_DASHBOARD_URL, value=self.hook.job_url(submission_id))
         self.log.info("Ray job %s: %s", submission_id, self.hook.job_url(submission_id))
@@ -242,19 +256,24 @@ class RayJobOperator(BaseOperator):
                     poll_interval=self.poll_interval,
                     timeout=self.job_timeout,
                     ray_conn_id=self.ray_conn_id,
+                    head_outage_s=self.head_outage_s,
                 ),
                 method_name="execute_complete",
+                kwargs={"lost": lost} if lost else None,
             )
-        return self.execute_complete(context, self._wait_in_worker(submission_id))
+        return self.execute_complete(context, self._wait_in_worker(submission_id), lost=lost)
 
     def _wait_in_worker(self, submission_id: str) -> dict[str, Any]:
-        watcher = RayJobWatcher(submission_id, timeout=self.job_timeout)
+        watcher = RayJobWatcher(submission_id, timeout=self.job_timeout, head_outage_s=self.head_outage_s)
         while (event := watcher.step(self.hook.get_conn(), self.log.info)) is None:
             time.sleep(self.poll_interval)
         return event
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> str:
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, lost: int = 0) -> str:
         """Validate the trigger event: return the submission id on success, raise otherwise.
+
+        A job the Ray head lost (``"lost"``: the head restarted without it) is resubmitted with resume under the
+        same id, at most ``MAX_LOST_RESUBMITS`` times per try; ``lost`` counts them.
 
         Raises:
             AirflowException: the event is malformed, the job did not succeed, or it timed out (the job is
@@ -274,6 +293,17 @@ class RayJobOperator(BaseOperator):
             # at once with resume (the hook's next retry id) inside this try: a preemption is not a failure.
             self.log.warning("Ray job %s was preempted; resubmitting it to resume (not a failed try)", submission_id)
             return str(self.execute(context))
+        if event["status"] == "lost" and lost < MAX_LOST_RESUBMITS:
+            # The head restarted without the job (its driver died with it): nothing of it runs any more, so the same
+            # id is free; the new job resumes from the last checkpoint. Not a failed try either.
+            self.log.warning(
+                "Ray job %s is gone from the Ray head (%s); resubmitting it to resume (%d of %d in this try)",
+                submission_id,
+                event.get("message", ""),
+                lost + 1,
+                MAX_LOST_RESUBMITS,
+            )
+            return self.execute(context, resume=True, lost=lost + 1)  # type: ignore[return-value]  # a subclass's value
         raise AirflowException(
             f"Ray job {submission_id} {event['status']}: status={event.get('job_status')} "
             f"message={event.get('message', '')!r}\n--- last log lines ---\n{event.get('log_tail', '')}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlhf_airflow.compat import AirflowException, AirflowFailException
-from rlhf_airflow.operators import RayJobOperator
+from rlhf_airflow.operators import MAX_LOST_RESUBMITS, RayJobOperator
 from rlhf_ops.pipeline.job_requests import JobRequest, job_entry, validate_result
 from rlhf_ops.pipeline.job_results import REQUEST_ENV, job_entrypoint, read_result
 
@@ -88,13 +88,13 @@ class RayTaskJobOperator(RayJobOperator):
             )
         return spec
 
-    def execute(self, context: Context) -> Any:
+    def execute(self, context: Context, *, resume: bool = False, lost: int = 0) -> Any:
         """Build the request, then submit / re-attach and defer exactly as ``RayJobOperator`` does."""
         spec = self._job_spec(context)
         self.env_vars = {**(self.env_vars or {}), REQUEST_ENV: spec.request.model_dump_json()}
         if spec.num_gpus is not None:
             self.entrypoint_num_gpus = spec.num_gpus
-        return super().execute(context)
+        return super().execute(context, resume=resume, lost=lost)
 
     def _read_result(self, spec: JobSpec, submission_id: str) -> dict[str, Any] | None:
         from rlhf_airflow.hooks import worker_env_from_connections
@@ -105,20 +105,24 @@ class RayTaskJobOperator(RayJobOperator):
         with patched_environ(store_env):
             return read_result(submission_id, remote_run_url=remote, logs=lambda: self.hook.logs(submission_id))
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, lost: int = 0) -> Any:
         """Read the job's result: its value on success, a fail-at-once error for a user mistake.
+
+        A job lost by a restarted Ray head is resubmitted as ``RayJobOperator`` does; the value is then the new job's.
 
         Raises:
             AirflowFailException: the job reported a mistake no retry can fix (its one-line message).
             AirflowException: the job failed otherwise, or succeeded without leaving a result.
         """
+        if isinstance(event, Mapping) and event.get("status") == "lost" and lost < MAX_LOST_RESUBMITS:
+            return super().execute_complete(context, event, lost)  # resubmits: execute, then this again
         spec = self._job_spec(context)
         submission_id = str(event.get("submission_id", "")) if isinstance(event, Mapping) else ""
         result = self._read_result(spec, submission_id) if submission_id else None
         failed = isinstance(event, Mapping) and event.get("status") != "success"
         if failed and result and result.get("status") == "error" and not result.get("retryable", True):
             raise AirflowFailException(f"{self.job}: {result.get('error')}")
-        super().execute_complete(context, event)  # raises for a failed, stopped or timed-out job
+        super().execute_complete(context, event, lost)  # raises for a failed, stopped or timed-out job
         if result is None or result.get("status") != "ok":
             raise AirflowException(f"Ray job {submission_id} succeeded but left no result ({result!r})")
         value = validate_result(self.job, result["value"])

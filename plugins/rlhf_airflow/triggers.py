@@ -4,8 +4,13 @@
 (async, the sync Ray client runs in a thread via ``asyncio.to_thread``) and by the operator's
 ``deferrable=False`` path (plain loop), so both produce the same event payload::
 
-    {"status": "success" | "error" | "timeout", "submission_id": str, "job_status": str,
+    {"status": "success" | "error" | "timeout" | "lost", "submission_id": str, "job_status": str,
      "message": str, "log_tail": str (last LOG_TAIL_LINES lines), "log_offset": int}
+
+A Ray head that restarts (or stops answering) mid-job does not end the watch: failed polls are retried for
+``head_outage_s`` (and at least ``_MAX_CONSECUTIVE_ERRORS`` polls). When the head answers again the watch goes on
+if it still has the job (re-attach), or ends with ``"lost"`` when it came back without it (a head restarted
+without job history): the operator then resubmits the job with resume.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
 
 LOG_TAIL_LINES = 50
 _MAX_CONSECUTIVE_ERRORS = 10
+DEFAULT_HEAD_OUTAGE_S = 600.0  # how long a watch waits for a restarting (or unreachable) Ray head
 _ACTIVE = ("PENDING", "RUNNING")
 
 
@@ -45,13 +51,24 @@ class RayJobWatcher:
         log_offset: Characters of the full log already shown (new lines start after it).
         timeout: Seconds since the job's ``start_time`` (Ray's clock, so the limit survives triggerer
             restarts and Airflow retries that re-attach) after which the watcher reports ``"timeout"``.
+        head_outage_s: Seconds of failed polls (the head restarting or unreachable) before the watcher reports
+            ``"error"``; it also waits for at least ``_MAX_CONSECUTIVE_ERRORS`` failed polls.
     """
 
-    def __init__(self, submission_id: str, *, log_offset: int = 0, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        submission_id: str,
+        *,
+        log_offset: int = 0,
+        timeout: float | None = None,
+        head_outage_s: float = DEFAULT_HEAD_OUTAGE_S,
+    ) -> None:
         self.submission_id = submission_id
         self.log_offset = log_offset
         self.timeout = timeout
+        self.head_outage_s = head_outage_s
         self._errors = 0
+        self._failing_since: float | None = None
         self._started = time.time()
 
     def step(self, client: JobSubmissionClient, emit: Callable[[str], Any]) -> dict[str, Any] | None:
@@ -61,7 +78,9 @@ class RayJobWatcher:
             logs = client.get_job_logs(self.submission_id)
         except Exception as err:  # network blips must not kill a multi-day watch
             return self.record_error(err, emit)
-        self._errors = 0
+        if self._errors:
+            emit(f"[watcher] the Ray head answers again; {self.submission_id} is {info.status}: re-attached")
+        self._errors, self._failing_since = 0, None
         status = str(info.status)
         done = status not in _ACTIVE
         for line in self._new_lines(logs, flush=done):
@@ -76,15 +95,36 @@ class RayJobWatcher:
         return None
 
     def record_error(self, err: Exception, emit: Callable[[str], Any]) -> dict[str, Any] | None:
-        """Count a failed poll; return an error payload if the job is gone or polls keep failing."""
-        text = str(err)
+        """Count a failed poll; ``"lost"`` if the head no longer has the job, ``"error"`` once polls have kept
+        failing for ``head_outage_s`` (and at least ``_MAX_CONSECUTIVE_ERRORS`` polls)."""
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if "404" in text or "does not exist" in text:
-            return self._payload("error", "UNKNOWN", f"Ray job {self.submission_id} does not exist: {text}", "")
+            return self._payload(
+                "lost",
+                "UNKNOWN",
+                f"Ray job {self.submission_id} does not exist on the Ray head (restarted without its job history, "
+                f"or the job was deleted): {text}",
+                "",
+            )
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
         self._errors += 1
-        emit(f"[watcher] poll {self._errors}/{_MAX_CONSECUTIVE_ERRORS} of {self.submission_id} failed: {text}")
-        if self._errors >= _MAX_CONSECUTIVE_ERRORS:
-            return self._payload("error", "UNKNOWN", f"{self._errors} consecutive poll failures: {text}", "")
+        down_s = now - self._failing_since
+        emit(
+            f"[watcher] poll {self._errors} of {self.submission_id} failed ({down_s:.0f} s of "
+            f"head_outage_s={self.head_outage_s:g}): {text}"
+        )
+        if self._errors >= _MAX_CONSECUTIVE_ERRORS and down_s >= self.head_outage_s:
+            return self._payload(
+                "error", "UNKNOWN", f"{self._errors} consecutive poll failures over {down_s:.0f} s: {text}", ""
+            )
         return None
+
+    @property
+    def failed_polls(self) -> int:
+        """Polls that failed in a row so far (0 once the head answers)."""
+        return self._errors
 
     def _new_lines(self, logs: str, *, flush: bool) -> list[str]:
         if self.log_offset > len(logs):  # log was replaced (e.g. job re-created): show it from the top
@@ -115,6 +155,7 @@ class RayJobTrigger(BaseTrigger):
         poll_interval: Seconds between polls.
         log_offset: Characters of the log already shown (lines after it are streamed).
         timeout: See ``RayJobWatcher``; None waits forever.
+        head_outage_s: See ``RayJobWatcher``.
         ray_conn_id: Airflow connection (type ``ray``) whose token, headers and TLS ``verify`` the triggerer
             reads when it creates its client (``RayJobHook.aclient_config``). Only the connection's id is in
             the kwargs: Airflow stores them in its ``trigger`` table (in plaintext when no Fernet key is set),
@@ -130,8 +171,10 @@ class RayJobTrigger(BaseTrigger):
         log_offset: int = 0,
         timeout: float | None = None,
         ray_conn_id: str | None = None,
+        head_outage_s: float = DEFAULT_HEAD_OUTAGE_S,
     ) -> None:
         super().__init__()
+        self.head_outage_s = float(head_outage_s)
         self.dashboard_address = dashboard_address
         self.submission_id = submission_id
         self.poll_interval = float(poll_interval)
@@ -151,6 +194,7 @@ class RayJobTrigger(BaseTrigger):
                 "log_offset": self.log_offset,
                 "timeout": self.timeout,
                 "ray_conn_id": self.ray_conn_id,
+                "head_outage_s": self.head_outage_s,
             },
         )
 
@@ -168,7 +212,9 @@ class RayJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll until the job is terminal (or times out) and yield a single event."""
-        watcher = RayJobWatcher(self.submission_id, log_offset=self.log_offset, timeout=self.timeout)
+        watcher = RayJobWatcher(
+            self.submission_id, log_offset=self.log_offset, timeout=self.timeout, head_outage_s=self.head_outage_s
+        )
         self.log.info("Watching Ray job %s at %s", self.submission_id, self.dashboard_address)
         while True:
             try:
@@ -176,7 +222,10 @@ class RayJobTrigger(BaseTrigger):
             except Exception as err:  # dashboard restarting: count it like a failed poll
                 payload = watcher.record_error(err, self.log.warning)
             else:
+                failed_before = watcher.failed_polls
                 payload = await asyncio.to_thread(watcher.step, client, self.log.info)
+                if watcher.failed_polls > failed_before:
+                    self._client = None  # a restarted head: the next poll builds a fresh client
             if payload is not None:
                 self.log.info(
                     "Ray job %s finished: %s (%s)", self.submission_id, payload["job_status"], payload["status"]

@@ -28,22 +28,17 @@ from rlhf_ops.algorithms.kl import (
     kl_penalty,
 )
 from rlhf_ops.algorithms.logits import entropy_from_logits, logprobs_and_entropy, logprobs_from_logits
-from rlhf_ops.algorithms.losses import (
-    LOSS_AGG_MODES,
-    agg_loss,
-    apply_is_weights,
-    compute_policy_loss,
-    compute_policy_loss_gspo,
-    compute_value_loss,
-)
+from rlhf_ops.algorithms.losses import LOSS_AGG_MODES, agg_loss, apply_is_weights, compute_value_loss
 from rlhf_ops.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLossFn,
+    compute_policy_loss,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
+    compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
-    truncated_is_weights,
 )
+from rlhf_ops.algorithms.rollout_correction import truncated_is_weights
 from rlhf_ops.algorithms.stats import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [

@@ -6,6 +6,9 @@ Outcome estimators (GRPO, RLOO, REINFORCE++-baseline) reduce the token rewards t
 sequence (their sum over T) and compare it with the other samples of the same prompt, named by
 ``index`` (the ``uid`` column: one hashable group id per row).
 
+Each estimator is declared by :func:`rlhf_ops.extensions.algorithms.advantage_estimator` with its traits:
+that decorator is the whole registration (the table reads it from this file without importing torch).
+
 Observation spans: in a multi-turn response the mask has holes (tool and environment tokens are 0 inside
 the response). Every estimator treats a masked token as "not an action": GAE and REINFORCE++ carry their
 running value across it, and the outcome estimators broadcast their advantage onto model tokens only.
@@ -21,10 +24,14 @@ from torch import Tensor
 
 from rlhf_ops.algorithms.stats import masked_whiten
 from rlhf_ops.extensions.algorithms import ADVANTAGE_ESTIMATORS as ADVANTAGE_ESTIMATOR_TABLE
+from rlhf_ops.extensions.algorithms import advantage_estimator
 
 AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
 
 
+@advantage_estimator(
+    "gae", description="PPO's GAE over critic values.", needs_critic=True, config_params=("gamma", "lam")
+)
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: Tensor,
@@ -110,6 +117,12 @@ def _group_stats(scores: Tensor, index: Any) -> tuple[Tensor, Tensor, Tensor]:
     return means[gid].to(out_dtype), stds[gid].to(out_dtype), counts[gid].to(out_dtype)
 
 
+@advantage_estimator(
+    "grpo",
+    description="Score minus the group mean, over the group std (Dr.GRPO without the std).",
+    group=True,
+    config_params=("norm_adv_by_std_in_grpo",),
+)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: Tensor,
@@ -141,6 +154,7 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
+@advantage_estimator("rloo", description="Score minus the mean of the other samples of the group.", group=True)
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
     token_level_rewards: Tensor,
@@ -172,6 +186,9 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
+@advantage_estimator(
+    "reinforce_plus_plus_baseline", description="Group-mean baseline, whitened over the batch.", group=True
+)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: Tensor,
@@ -198,6 +215,9 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
+@advantage_estimator(
+    "reinforce_plus_plus", description="Discounted reward-to-go, whitened over the batch.", config_params=("gamma",)
+)
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: Tensor,
@@ -231,6 +251,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
+@advantage_estimator(
+    "remax", description="Reward-to-go minus the reward of the greedy response.", needs_greedy_baseline=True
+)
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: Tensor,

@@ -16,28 +16,37 @@ import torch
 from torch import Tensor
 
 from rlhf_ops.algorithms.stats import masked_mean
-from rlhf_ops.extensions.algorithms import KL_ESTIMATORS
+from rlhf_ops.extensions.algorithms import KL_ESTIMATORS, kl_estimator
 
-# The built-in names of the table (rlhf_ops.extensions.KL_ESTIMATORS): the base estimators, then their '+' forms.
-KL_PENALTY_NAMES: tuple[str, ...] = tuple(
-    e.name for e in KL_ESTIMATORS if e.target == "rlhf_ops.algorithms.kl:kl_penalty"
-)
+# The built-in names of the table (rlhf_ops.extensions.KL_ESTIMATORS): the estimators below and their '+' forms.
+KL_PENALTY_NAMES: tuple[str, ...] = tuple(e.name for e in KL_ESTIMATORS if e.target.startswith(f"{__name__}:"))
 
 
-def _kl_forward(logprob: Tensor, ref_logprob: Tensor, name: str) -> Tensor:
-    """Forward value of the base estimator ``name`` (no ``+`` suffix)."""
-    if name in ("kl", "k1"):
-        return logprob - ref_logprob
-    if name == "abs":
-        return (logprob - ref_logprob).abs()
-    if name in ("mse", "k2"):
-        return 0.5 * (logprob - ref_logprob).square()
-    if name in ("low_var_kl", "k3"):
-        # Clamps as verl: the inner one keeps exp() finite, the outer one bounds rare huge estimates.
-        log_ratio = torch.clamp(ref_logprob - logprob, min=-20, max=20)
-        kld = torch.exp(log_ratio) - log_ratio - 1
-        return torch.clamp(kld, min=-10, max=10)
-    raise ValueError(f"kl_penalty={name!r} is unknown; valid values: {list(KL_PENALTY_NAMES)}.")
+@kl_estimator("kl", "k1", description="log-ratio (k1)")
+def kl_k1(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k1: the log-ratio ``d``."""
+    return logprob - ref_logprob
+
+
+@kl_estimator("abs", description="absolute log-ratio")
+def kl_abs(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """The absolute log-ratio ``|d|``."""
+    return (logprob - ref_logprob).abs()
+
+
+@kl_estimator("mse", "k2", description="half squared log-ratio (k2)")
+def kl_k2(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k2: ``d^2 / 2``."""
+    return 0.5 * (logprob - ref_logprob).square()
+
+
+@kl_estimator("low_var_kl", "k3", description="exp(-d) + d - 1, clamped (k3)")
+def kl_k3(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k3: ``exp(-d) + d - 1``, clamped to [-10, 10]."""
+    # Clamps as verl: the inner one keeps exp() finite, the outer one bounds rare huge estimates.
+    log_ratio = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    kld = torch.exp(log_ratio) - log_ratio - 1
+    return torch.clamp(kld, min=-10, max=10)
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
@@ -46,7 +55,8 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     Args:
         logprob: (B, T) log-probs of the sampled tokens under the current (or rollout) policy.
         ref_logprob: (B, T) log-probs of the same tokens under the reference policy.
-        kl_penalty: One of ``KL_PENALTY_NAMES`` (see the module docstring).
+        kl_penalty: An entry of the KL table: ``KL_PENALTY_NAMES`` (see the module docstring), a registered
+            name or a user's dotted path ``fn(logprob, ref_logprob)``.
 
     Returns:
         (B, T) estimate; not masked.
@@ -54,16 +64,12 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     Raises:
         ValueError: If ``kl_penalty`` is not a known name.
     """
-    if kl_penalty not in KL_PENALTY_NAMES:
-        if ":" in kl_penalty or kl_penalty in KL_ESTIMATORS:  # a user's entry: fn(logprob, ref_logprob)
-            user_kl: Any = KL_ESTIMATORS.get(kl_penalty).load()
-            result: Tensor = user_kl(logprob, ref_logprob)
-            return result
+    if ":" not in kl_penalty and kl_penalty not in KL_ESTIMATORS:
         raise ValueError(f"kl_penalty={kl_penalty!r} is unknown; valid values: {list(KL_PENALTY_NAMES)}.")
-    straight_through = kl_penalty.endswith("+")
-    base = kl_penalty.removesuffix("+")
-    forward = _kl_forward(logprob, ref_logprob, base)
-    if not straight_through or base in ("mse", "k2"):
+    entry = KL_ESTIMATORS.get(kl_penalty)
+    estimator: Any = entry.load()
+    forward: Tensor = estimator(logprob, ref_logprob)
+    if not entry.straight_through:
         return forward
     k2 = 0.5 * (logprob - ref_logprob).square()
     # Value of `forward`, gradient of k2.

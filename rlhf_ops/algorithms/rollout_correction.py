@@ -1,4 +1,4 @@
-"""Rollout importance sampling (verl's ``algorithm.rollout_correction``, decoupled mode): three policies.
+"""Rollout importance sampling (verl's ``algorithm.rollout_correction``, decoupled mode; ``tis_imp_ratio_cap``).
 
 Shape notation: B: rows of this micro-batch, T: response length; every token-level input is (B, T).
 
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from rlhf_ops.algorithms.stats import masked_mean
 
-__all__ = ["rollout_is_weights"]
+__all__ = ["rollout_is_weights", "truncated_is_weights"]
 
 _BOUND = 20.0
 
@@ -76,5 +76,34 @@ def rollout_is_weights(
         "rollout_corr/rollout_is_mean": masked_mean(raw, response_mask),
         "rollout_corr/rollout_is_ratio_fraction_high": masked_mean((raw > threshold).to(raw.dtype), response_mask),
         "rollout_corr/kl": masked_mean(-log_ratio, response_mask),
+    }
+    return weights, metrics
+
+
+def truncated_is_weights(
+    old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, cap: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token ``min(exp(old_log_prob - rollout_log_probs), cap)`` (verl's ``tis_imp_ratio_cap``).
+
+    Args:
+        old_log_prob: (B, T) the trainer's log-probs of the sampled tokens (the PPO behaviour policy).
+        rollout_log_probs: (B, T) the rollout engine's log-probs of the same tokens.
+        response_mask: (B, T).
+        cap: Upper bound of the weight (verl's recipes: 2).
+
+    Returns:
+        ``(weights, metrics)``: weights (B, T), detached, 0 on masked tokens; metrics ``actor/tis_weight_mean``
+        (mean weight before the cap), ``actor/tis_clipfrac`` (share of tokens capped), local masked means.
+
+    Raises:
+        ValueError: ``cap <= 0``.
+    """
+    if cap <= 0:
+        raise ValueError(f"tis_imp_ratio_cap must be > 0, got {cap}.")
+    raw = torch.exp(torch.clamp(old_log_prob - rollout_log_probs, min=-20.0, max=20.0)).detach()
+    weights = torch.clamp(raw, max=cap) * response_mask.to(raw.dtype)
+    metrics = {
+        "actor/tis_weight_mean": masked_mean(raw, response_mask),
+        "actor/tis_clipfrac": masked_mean((raw > cap).float(), response_mask),
     }
     return weights, metrics

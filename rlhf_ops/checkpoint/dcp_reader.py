@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 SCHEDULER_FILE = "lr_scheduler.json"
 LORA_SCALING_FILE = "lora_scaling.json"
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's config of the adapters (LoRA checkpoints)
 MODEL_KEY = "model"  # top-level key of the model's weights in a role checkpoint ("optim" holds the optimizer)
 
 # Everything torch 2.13 puts in a DCP ``.metadata`` pickle (dataclasses, torch.Size, dtypes, a path).

@@ -10,7 +10,9 @@ renamed into place, so a reader sees no export or a whole one.
 LoRA: a checkpoint of a PEFT model (names ``base_model.model.…``, ``….lora_A.<adapter>.weight``) is
 merged: ``W = W_base + (B @ A) * scaling`` per active adapter, with the scalings the checkpoint recorded
 in ``<ckpt>/<role>/lora_scaling.json`` (PEFT's ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA), summed in
-float32; ``modules_to_save`` copies replace their originals. DoRA and LoRA on embeddings are refused.
+float32; ``modules_to_save`` copies replace their originals. DoRA and LoRA on embeddings are refused. A LoRA
+checkpoint also exports its adapters as a PEFT folder ``adapter/`` inside the merged one, and an adapter-only
+checkpoint is merged onto the base model's weights (:mod:`rlhf_ops.checkpoint.adapter_export`).
 
 Tied embeddings (``tie_word_embeddings``, e.g. SmolLM2, Qwen2.5-0.5B): the export holds the embedding once and
 reloads with ``lm_head.weight`` tied to it, as the base model did.
@@ -164,6 +166,7 @@ def export_hf_model(
     overwrite: bool = False,
     trust_remote_code: bool = False,
     card: ModelCard | None = None,
+    adapter_only: bool = False,
 ) -> Path:
     """Writes ``<ckpt_dir>/<role>`` as an HF model folder ``out_dir`` (safetensors, config, tokenizer, model card).
 
@@ -179,15 +182,23 @@ def export_hf_model(
         overwrite: Replace an existing ``out_dir``.
         trust_remote_code: Allow custom modelling code of the base model.
         card: The model card (``README.md``); None writes one with the base model and the checkpoint only.
+        adapter_only: Write the PEFT adapter folder alone at ``out_dir`` (a LoRA checkpoint only).
 
     Returns:
         ``out_dir`` as a Path.
 
     Raises:
-        ValueError: Not a (complete) checkpoint, ``out_dir`` exists, or weights that do not fit the base model.
+        ValueError: Not a (complete) checkpoint, ``out_dir`` exists, weights that do not fit the base model, or
+            ``adapter_only`` for a checkpoint without LoRA adapters.
         CorruptCheckpointError: A file does not match the manifest.
     """
-    from rlhf_ops.checkpoint.dcp_reader import LORA_SCALING_FILE, read_model_state_dict
+    from rlhf_ops.checkpoint.adapter_export import (
+        ADAPTER_DIR,
+        is_adapter_only,
+        with_base_weights,
+        write_adapter_folder,
+    )
+    from rlhf_ops.checkpoint.dcp_reader import ADAPTER_CONFIG_FILE, LORA_SCALING_FILE, read_model_state_dict
     from rlhf_ops.data.images import load_tokenizer_or_processor
 
     ckpt, out = Path(ckpt_dir), Path(out_dir)
@@ -197,6 +208,12 @@ def export_hf_model(
     if out.exists() and not overwrite:
         raise ValueError(f"{out} already exists; choose another OUT or pass overwrite=True (--overwrite)")
     weights = read_model_state_dict(role_dir)
+    if adapter_only:
+        return _write_atomically(
+            out, lambda tmp: write_adapter_folder(tmp, weights, role_dir=role_dir, base_model=base_model_path)
+        )
+    if is_adapter_only(weights):
+        weights = with_base_weights(weights, base_model_path)
     scaling_file = role_dir / LORA_SCALING_FILE
     scalings = json.loads(scaling_file.read_text()) if scaling_file.exists() else {}
     lora = any(name.startswith(_PEFT_PREFIX) for name in weights)
@@ -210,6 +227,10 @@ def export_hf_model(
         load_tokenizer_or_processor(tokenizer_dir, trust_remote_code=trust_remote_code).save_pretrained(tmp)
         info = {"checkpoint": str(ckpt.resolve()), "step": parse_step_dir(ckpt.name), "role": role}
         info["lora_merged"] = lora
+        if (role_dir / ADAPTER_CONFIG_FILE).is_file():
+            base = card.base_model if card is not None else base_model_path
+            write_adapter_folder(tmp / ADAPTER_DIR, weights, role_dir=role_dir, base_model=base)
+            info["adapter"] = ADAPTER_DIR
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         step = parse_step_dir(ckpt.name)
         write_model_card(tmp, card or ModelCard(base_model=base_model_path, checkpoint=str(ckpt.resolve()), step=step))
@@ -218,6 +239,19 @@ def export_hf_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported %s -> %s (%d tensors, LoRA merged: %s)", role_dir, out, len(weights), lora)
+    return out
+
+
+def _write_atomically(out: Path, write: Any) -> Path:
+    """Calls ``write(tmp)`` on a temporary sibling of ``out``, then renames it into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        write(tmp)
+        apply_default_modes(tmp)
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -11,6 +11,13 @@ from dataclasses import asdict, dataclass
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig, TrainerConfig
 
 
+def is_on_policy(ppo_epochs: int, num_mini_batches: int) -> bool:
+    """One PPO epoch of one mini-batch: every forward runs before the only optimizer step, so the update
+    can use its own detached log-probs as the old ones (verl and TRL do). The one place this is decided: the
+    trainer, the actor, the cost model and the validation read it (through :attr:`PPOPlan.on_policy`)."""
+    return ppo_epochs == 1 and num_mini_batches == 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class MeshPlan:
     """Device mesh of one role: ``world = dp * sp``; FSDP mesh ``(replicate, shard)`` over dp ranks."""
@@ -51,9 +58,8 @@ class PPOPlan:
 
     @property
     def on_policy(self) -> bool:
-        """One PPO epoch of one mini-batch: every forward runs before the only optimizer step, so the update
-        can use its own detached log-probs as the old ones (verl and TRL do)."""
-        return self.ppo_epochs == 1 and self.num_mini_batches == 1
+        """See :func:`is_on_policy`."""
+        return is_on_policy(self.ppo_epochs, self.num_mini_batches)
 
     @property
     def log_prob(self) -> ForwardPlan:

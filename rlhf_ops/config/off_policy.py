@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Pipeline = Literal["sync", "one_step_off"]
+Pipeline = Literal["sync", "one_step_off", "async"]
 
 
 class RolloutCorrectionConfig(BaseModel):

@@ -4,6 +4,7 @@ called by :mod:`rlhf_ops.config.validate`.
 
 from __future__ import annotations
 
+from rlhf_ops.config.async_rules import async_problems
 from rlhf_ops.config.errors import ConfigProblem
 from rlhf_ops.config.schema import RunConfig
 from rlhf_ops.extensions import ROLLOUT_ENGINES
@@ -39,6 +40,8 @@ def off_policy_problems(run: RunConfig) -> list[ConfigProblem]:
         )
     if run.trainer.pipeline == "sync":
         return problems
+    if run.trainer.pipeline == "async":  # its own rollout group: rlhf_ops.config.async_rules
+        return problems + async_problems(run)
     engine = ROLLOUT_ENGINES.find(rollout.engine)  # an engine without an async mode: extension_rules says so
     if rollout.mode != "async" or engine is None or "async" not in engine.modes:
         problems.append(

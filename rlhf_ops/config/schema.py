@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from rlhf_ops.config.async_trainer import ASYNC_DOC, PIPELINE_DOC, AsyncRolloutConfig
 from rlhf_ops.config.faults import FaultToleranceKeys
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
@@ -40,6 +41,12 @@ class LoraConfig(Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+    save_adapter_only: bool = Field(
+        False,
+        description="Checkpoints hold the adapters and their optimizer state only (not the frozen base weights); "
+        "resume rebuilds the base from model.path. The HF export still writes the merged model, plus its adapter "
+        "folder. Needs rank > 0 (verl: actor_rollout_ref.actor.checkpoint.save_lora_only).",
     )
 
 
@@ -448,18 +455,19 @@ class TrainerConfig(FaultToleranceKeys):
     save_hf_model: bool = Field(False, description="Also write an HF export at each save.")
     balance_batch: bool = Field(True, description="Reorder each step's sequences so ranks get equal token counts.")
     seed: int = 1
-    pipeline: Pipeline = Field(
-        "sync",
-        description="Rollout pipelining: 'sync' (generate, then train) or 'one_step_off' (generate step k+1's batch "
-        "with the weights before update k while step k trains; needs rollout.mode=async). docs/async_rollout.md.",
-    )
+    pipeline: Pipeline = Field("sync", description=PIPELINE_DOC)
+    async_rollout: AsyncRolloutConfig = Field(default_factory=AsyncRolloutConfig, description=ASYNC_DOC)
     profile_steps: list[int] = Field(
         default_factory=list,
         description="Steps to trace with torch.profiler on every rank of every role (Chrome traces, logged as "
         "MLflow artifacts under profiles/); empty = off.",
     )
     profile_dir: str = Field("profiles", description="Local folder for the traces (one per step, role and rank).")
-    logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    logger: list[LoggerName] = Field(
+        default_factory=lambda: list(DEFAULT_LOGGERS),
+        description="Where step metrics go: console, jsonl (run folder), mlflow, prometheus (live: Ray gauges on "
+        "each node's metrics export port, with the rollout engines' own metrics; docs/live_metrics.md).",
+    )
 
 
 class TrackingConfig(Section):

@@ -20,15 +20,15 @@ from rlhf_ops.extensions import (
     choice_check,
     choice_schema,
 )
+from rlhf_ops.extensions.algorithms import LossAggMode as LossAggMode  # the losses' own aggregation values
 
 # Extension points: the allowed values are the names in their tables (rlhf_ops.extensions), or a dotted path.
 AdvEstimator = Annotated[str, choice_check(ADVANTAGE_ESTIMATORS), choice_schema(ADVANTAGE_ESTIMATORS)]
 KLPenalty = Annotated[str, choice_check(KL_ESTIMATORS), choice_schema(KL_ESTIMATORS)]
 PolicyLossName = Annotated[str, choice_check(POLICY_LOSSES), choice_schema(POLICY_LOSSES)]
 RolloutEngineName = Annotated[str, choice_check(ROLLOUT_ENGINES), choice_schema(ROLLOUT_ENGINES)]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 DType = Literal["float32", "bfloat16", "float16"]
-LoggerName = Literal["console", "jsonl", "mlflow"]
+LoggerName = Literal["console", "jsonl", "mlflow", "prometheus"]
 DEFAULT_LOGGERS: tuple[LoggerName, ...] = ("console", "jsonl")
 
 

@@ -20,7 +20,15 @@ from rlhf_ops.config.errors import ConfigError, ConfigProblem, from_validation_e
 from rlhf_ops.config.loader import apply_overrides
 from rlhf_ops.config.multi_turn import BUILTIN_TOOL_NAMES, _spec_problem
 from rlhf_ops.config.schema import OptimConfig, TrackingConfig
-from rlhf_ops.config.section import DEFAULT_LOGGERS, DType, LoggerName, Section
+from rlhf_ops.config.section import DType, Section
+
+# SFT runs outside Ray (torchrun or one process), where Ray's metrics have no agent: no "prometheus".
+SFTLoggerName = Literal["console", "jsonl", "mlflow"]
+
+
+def _default_sft_loggers() -> list[SFTLoggerName]:
+    return ["console", "jsonl"]
+
 
 SFT_PRESET_PACKAGE = "rlhf_ops.config.sft_presets"
 SFT_BUILTIN_SOURCES = ("builtin:calculator_sft",)
@@ -66,7 +74,7 @@ class SFTTrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
     seed: int = Field(0, description="Seed of the shuffle and of torch.")
     num_threads: int | None = Field(None, gt=0, description="torch threads; None = the machine's cores.")
-    logger: list[LoggerName] = Field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    logger: list[SFTLoggerName] = Field(default_factory=_default_sft_loggers)
     metrics_file: str | None = Field(None, description="JSONL of the metrics; None = <output_dir>.metrics.jsonl.")
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rlhf_ops.config.batch_plan import is_on_policy
 from rlhf_ops.config.checkpoint_rules import checkpoint_problems
 from rlhf_ops.config.errors import ConfigError, ConfigProblem, shown_value
 
 # GROUP_ESTIMATORS: re-exported for callers that read it here (the table is the source).
 from rlhf_ops.config.extension_rules import GROUP_ESTIMATORS as GROUP_ESTIMATORS
 from rlhf_ops.config.extension_rules import extension_problems
+from rlhf_ops.config.lora_rules import lora_problems
 from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.schema import ActorConfig, CriticConfig, FSDPConfig, RunConfig
@@ -416,7 +418,7 @@ def _check_surface(run: RunConfig, problems: list[ConfigProblem]) -> None:
                 "or unset algorithm.tis_imp_ratio_cap",
             )
         )
-    single_pass = algo.ppo_epochs == 1 and run.actor.ppo_mini_batch_size == run.data.train_batch_size
+    single_pass = is_on_policy(algo.ppo_epochs, run.data.train_batch_size // run.actor.ppo_mini_batch_size)
     if algo.ppo_target_kl is not None and single_pass:
         problems.append(
             ConfigProblem(
@@ -455,6 +457,7 @@ def collect_problems(run: RunConfig) -> list[ConfigProblem]:
     problems.extend(extension_problems(run))
     problems.extend(off_policy_problems(run))
     problems.extend(checkpoint_problems(run.trainer))
+    problems.extend(lora_problems(run))
     problems.extend(
         multi_turn_problems(
             run.rollout.multi_turn,

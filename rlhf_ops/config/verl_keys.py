@@ -213,6 +213,7 @@ VERL_KEYS: dict[str, Entry] = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Carry("algorithm.kl_cov_ratio"),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": Carry("algorithm.ppo_kl_coef"),
     "actor_rollout_ref.actor.policy_loss.*": Drop(_DEFAULTED, "algorithm.policy_loss"),
+    "actor_rollout_ref.actor.checkpoint.save_lora_only": Carry("model.lora.save_adapter_only"),
     "actor_rollout_ref.actor.checkpoint.*": Drop("checkpoints always hold model, optimizer and trainer state"),
     "actor_rollout_ref.actor.profiler.*": Drop("profiling is set per run", "trainer.profile_steps"),
     "actor_rollout_ref.actor.entropy_coeff_schedule": Drop("the entropy bonus is constant", "algorithm.entropy_coeff"),
@@ -379,6 +380,14 @@ VERL_KEYS: dict[str, Entry] = {
     "ray_kwargs.*": Drop("Ray is joined by address", "resources.ray_address"),
     "ray_init.*": Drop("Ray is joined by address", "resources.ray_address"),
     "transfer_queue.*": Drop("batches move through Ray's object store", inert=(False,)),
+    "async_training.partial_rollout": Carry("trainer.async_rollout.partial_rollout"),
+    "async_training.staleness_threshold": Drop(
+        "verl's share of stale samples per batch; the bound here is in policy versions",
+        "trainer.async_rollout.max_staleness",
+    ),
+    "async_training.*": Drop(
+        "verl's fully-async recipe; its counterpart is trainer.pipeline=async", "trainer.pipeline"
+    ),
 }
 
 # Roots only verl has: a key under them that the table does not know is refused (never passed on).

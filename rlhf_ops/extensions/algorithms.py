@@ -1,7 +1,9 @@
 """The algorithm tables: advantage estimators, policy losses and KL estimators.
 
-Each entry states what the trainer and the validation ask of it; the code itself is named by a
-``"module:attribute"`` string and imported only when a step runs, so this module (and the config that reads
+Each entry states what the trainer and the validation ask of it. A built-in entry is declared by a decorator
+on its function (:func:`advantage_estimator`, :func:`policy_loss`, :func:`kl_estimator`), in the module that
+defines it; the table reads those decorators from the source, so the code itself is named by a
+``"module:attribute"`` string and imported only when a step runs, and this module (and the config that reads
 it) stays torch-free. A built-in entry's traits agree with its function's signature (a unit test checks
 every one); a user's plain function gets its traits from its signature (:func:`estimator_from_callable`).
 
@@ -21,10 +23,19 @@ Call conventions (keywords, so an estimator takes only what it needs):
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar, get_args
 
+from rlhf_ops.extensions.declared import Declaration, declare
 from rlhf_ops.extensions.table import Entry, Table
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# How every policy loss (and the entropy and KL-loss terms) turns token losses into one scalar
+# (rlhf_ops.algorithms.losses.agg_loss); the config field algorithm.loss_agg_mode takes the same values.
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 
 # What the trainer hands an advantage estimator besides algorithm.* fields (see the module docstring).
 ADVANTAGE_INPUTS = ("token_level_rewards", "response_mask", "index", "values", "reward_baselines")
@@ -77,7 +88,13 @@ class PolicyLoss(Entry):
 
 @dataclass(frozen=True, kw_only=True)
 class KLEstimator(Entry):
-    """A KL estimator (``algorithm.kl_penalty`` in the reward, ``algorithm.kl_loss_type`` in the loss)."""
+    """A KL estimator (``algorithm.kl_penalty`` in the reward, ``algorithm.kl_loss_type`` in the loss).
+
+    Attributes:
+        straight_through: The ``+`` form (``k3+``): this estimator's value with k2's gradient, the unbiased one.
+    """
+
+    straight_through: bool = False
 
 
 def _parameters(fn: Any) -> dict[str, inspect.Parameter]:
@@ -127,109 +144,97 @@ def kl_from_callable(name: str, fn: Any) -> KLEstimator:
     return KLEstimator(name=name, target=fn, description=(inspect.getdoc(fn) or "").split("\n")[0])
 
 
-_ADV = "rlhf_ops.algorithms.advantages"
+def _one(entry_type: type[Any]) -> Callable[[Declaration], list[Any]]:
+    """The entry of a declaration ``@decorator(name, **traits)``; the description defaults to the docstring."""
+
+    def build(d: Declaration) -> list[Any]:
+        traits = {k: v for k, v in d.kwargs.items() if k != "description"}
+        description = d.kwargs.get("description") or d.doc
+        return [entry_type(name=d.args[0], target=d.target, description=description, **traits)]
+
+    return build
+
+
+_advantage_entries = _one(AdvantageEstimator)
+_policy_loss_entries = _one(PolicyLoss)
+
+
+def _kl_entries(d: Declaration) -> list[KLEstimator]:
+    """A KL declaration ``@kl_estimator(*names)``: each name, then each name's ``+`` form (k2's gradient)."""
+    description = d.kwargs.get("description") or d.doc
+    plain = [KLEstimator(name=n, target=d.target, description=description) for n in d.args]
+    straight = [
+        KLEstimator(name=f"{n}+", target=d.target, description=f"{description}; k2's gradient", straight_through=True)
+        for n in d.args
+    ]
+    return [*plain, *straight]
+
+
 ADVANTAGE_ESTIMATORS: Table[AdvantageEstimator] = Table(
     what="advantage estimator",
     key="algorithm.adv_estimator",
     entry_type=AdvantageEstimator,
     group="rlhf_ops.advantage_estimators",
     from_callable=estimator_from_callable,
-    entries=[
-        AdvantageEstimator(
-            name="gae",
-            target=f"{_ADV}:compute_gae_advantage_return",
-            description="PPO's GAE over critic values.",
-            needs_critic=True,
-            config_params=("gamma", "lam"),
-        ),
-        AdvantageEstimator(
-            name="grpo",
-            target=f"{_ADV}:compute_grpo_outcome_advantage",
-            description="Score minus the group mean, over the group std (Dr.GRPO without the std).",
-            group=True,
-            config_params=("norm_adv_by_std_in_grpo",),
-        ),
-        AdvantageEstimator(
-            name="rloo",
-            target=f"{_ADV}:compute_rloo_outcome_advantage",
-            description="Score minus the mean of the other samples of the group.",
-            group=True,
-        ),
-        AdvantageEstimator(
-            name="reinforce_plus_plus",
-            target=f"{_ADV}:compute_reinforce_plus_plus_outcome_advantage",
-            description="Discounted reward-to-go, whitened over the batch.",
-            config_params=("gamma",),
-        ),
-        AdvantageEstimator(
-            name="reinforce_plus_plus_baseline",
-            target=f"{_ADV}:compute_reinforce_plus_plus_baseline_outcome_advantage",
-            description="Group-mean baseline, whitened over the batch.",
-            group=True,
-        ),
-        AdvantageEstimator(
-            name="remax",
-            target=f"{_ADV}:compute_remax_outcome_advantage",
-            description="Reward-to-go minus the reward of the greedy response.",
-            needs_greedy_baseline=True,
-        ),
-    ],
+    declared_in=("rlhf_ops.algorithms.advantages",),
+    decorator="advantage_estimator",
+    build=_advantage_entries,
 )
 
-_LOSSES, _VARIANTS = "rlhf_ops.algorithms.losses", "rlhf_ops.algorithms.policy_losses"
 POLICY_LOSSES: Table[PolicyLoss] = Table(
     what="policy loss",
     key="algorithm.policy_loss",
     entry_type=PolicyLoss,
     group="rlhf_ops.policy_losses",
     from_callable=policy_loss_from_callable,
-    entries=[
-        PolicyLoss(name="vanilla", target=f"{_LOSSES}:compute_policy_loss", description="Token-level PPO clip."),
-        PolicyLoss(name="gspo", target=f"{_LOSSES}:compute_policy_loss_gspo", description="Sequence-level ratio."),
-        PolicyLoss(
-            name="clip_cov",
-            target=f"{_VARIANTS}:compute_policy_loss_clip_cov",
-            description="Clip-Cov: drops the loss of a few high-covariance tokens.",
-            config_params=("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
-            seeded=True,
-        ),
-        PolicyLoss(
-            name="kl_cov",
-            target=f"{_VARIANTS}:compute_policy_loss_kl_cov",
-            description="KL-Cov: a KL penalty on a few high-covariance tokens.",
-            config_params=("kl_cov_ratio", "ppo_kl_coef"),
-        ),
-        PolicyLoss(
-            name="cispo",
-            target=f"{_VARIANTS}:compute_policy_loss_cispo",
-            description="Clipped, detached importance weight times the log-prob.",
-        ),
-    ],
+    declared_in=("rlhf_ops.algorithms.policy_losses.ppo", "rlhf_ops.algorithms.policy_losses.*"),  # vanilla first
+    decorator="policy_loss",
+    build=_policy_loss_entries,
 )
 
-# Schulman's estimators; a trailing '+' keeps the value and takes k2's gradient (rlhf_ops.algorithms.kl).
-_KL_BASE = {
-    "kl": "log-ratio (k1)",
-    "k1": "log-ratio",
-    "abs": "absolute log-ratio",
-    "mse": "half squared log-ratio (k2)",
-    "k2": "half squared log-ratio",
-    "low_var_kl": "exp(-d) + d - 1, clamped (k3)",
-    "k3": "exp(-d) + d - 1, clamped",
-}
-# The built-ins share one function that reads the name (kl_penalty(logprob, ref_logprob, name)).
-_KL_BUILTIN = "rlhf_ops.algorithms.kl:kl_penalty"
 KL_ESTIMATORS: Table[KLEstimator] = Table(
     what="KL estimator",
     key="algorithm.kl_penalty",
     entry_type=KLEstimator,
     group="rlhf_ops.kl_estimators",
     from_callable=kl_from_callable,
-    entries=[
-        *(KLEstimator(name=n, target=_KL_BUILTIN, description=d) for n, d in _KL_BASE.items()),
-        *(
-            KLEstimator(name=f"{n}+", target=_KL_BUILTIN, description=f"{d}; k2's gradient")
-            for n, d in _KL_BASE.items()
-        ),
-    ],
+    declared_in=("rlhf_ops.algorithms.kl",),
+    decorator="kl_estimator",
+    build=_kl_entries,
 )
+
+
+def advantage_estimator(
+    name: str,
+    *,
+    description: str = "",
+    group: bool = False,
+    needs_critic: bool = False,
+    needs_greedy_baseline: bool = False,
+    config_params: tuple[str, ...] = (),
+) -> Callable[[F], F]:
+    """Declares the decorated function the advantage estimator ``name`` (:class:`AdvantageEstimator`'s traits).
+
+    In ``rlhf_ops.algorithms.advantages`` it is a built-in (the table reads it from the source; literal
+    arguments only); elsewhere it registers the entry when its module is imported.
+    """
+    traits = {"group": group, "needs_critic": needs_critic, "needs_greedy_baseline": needs_greedy_baseline}
+    return declare(
+        ADVANTAGE_ESTIMATORS, _advantage_entries, name, description=description, config_params=config_params, **traits
+    )
+
+
+def policy_loss(
+    name: str, *, description: str = "", config_params: tuple[str, ...] = (), seeded: bool = False
+) -> Callable[[F], F]:
+    """Declares the decorated function the policy loss ``name`` (:class:`PolicyLoss`'s traits); built in
+    under ``rlhf_ops.algorithms.policy_losses``."""
+    return declare(
+        POLICY_LOSSES, _policy_loss_entries, name, description=description, config_params=config_params, seeded=seeded
+    )
+
+
+def kl_estimator(*names: str, description: str = "") -> Callable[[F], F]:
+    """Declares the decorated ``fn(logprob, ref_logprob) -> (B, T)`` the KL estimator ``names`` (aliases), each
+    with its ``+`` form (this value, k2's gradient); built in in ``rlhf_ops.algorithms.kl``."""
+    return declare(KL_ESTIMATORS, _kl_entries, *names, description=description)

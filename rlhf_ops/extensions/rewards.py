@@ -1,7 +1,8 @@
 """The reward-function table (``reward.reward_fn``): verl's ``compute_score(data_source, solution_str,
 ground_truth, extra_info)`` functions by name.
 
-Rule rewards need no traits beyond their signature (checked at pre-flight by
+A built-in is a function under ``rlhf_ops.rewards`` with :func:`reward_function` on it: the table reads the
+decorator from the source (no import). Rule rewards need no traits beyond their signature (checked at pre-flight by
 :func:`rlhf_ops.rewards.registry.check_reward_fn`). Beyond the built-ins, a reward is selected by a dotted
 path in the config (``reward.reward_fn=my_pkg.rewards:score``: nothing to register) or by the name an
 installed package gives it in the ``rlhf_ops.reward_functions`` entry-point group.
@@ -9,10 +10,14 @@ installed package gives it in the ``rlhf_ops.reward_functions`` entry-point grou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from rlhf_ops.extensions.declared import Declaration, declare
 from rlhf_ops.extensions.table import Entry, Table
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,31 +30,23 @@ def reward_from_callable(name: str, fn: Any) -> RewardFunction:
     return RewardFunction(name=name, target=fn)
 
 
-_R = "rlhf_ops.rewards"
+def _reward_entries(d: Declaration) -> list[RewardFunction]:
+    return [RewardFunction(name=d.args[0], target=d.target, description=d.kwargs.get("description") or d.doc)]
+
+
 REWARD_FUNCTIONS: Table[RewardFunction] = Table(
     what="reward function",
     key="reward.reward_fn",
     entry_type=RewardFunction,
     group="rlhf_ops.reward_functions",
     from_callable=reward_from_callable,
-    entries=[
-        RewardFunction(
-            name="default", target=f"{_R}.default:default_compute_score", description="Dispatch on data_source."
-        ),
-        RewardFunction(name="gsm8k", target=f"{_R}.gsm8k:gsm8k_score", description="GSM8K, strict '#### N'."),
-        RewardFunction(
-            name="gsm8k_flexible", target=f"{_R}.gsm8k:gsm8k_flexible_score", description="GSM8K, last number."
-        ),
-        RewardFunction(name="math", target=f"{_R}.math_answer:math_score", description="MATH, \\boxed{} answer."),
-        RewardFunction(
-            name="multiple_choice",
-            target=f"{_R}.multiple_choice:multiple_choice_score",
-            description="The option letter.",
-        ),
-        RewardFunction(name="format", target=f"{_R}.default:format_score", description="Answer format only."),
-        RewardFunction(name="toy", target=f"{_R}.toy:toy_compute_score", description="The toy tasks, by source."),
-        RewardFunction(name="copy_digit", target=f"{_R}.toy:copy_digit_score", description="Toy: copy a digit."),
-        RewardFunction(name="add_digits", target=f"{_R}.toy:add_digits_score", description="Toy: add two digits."),
-        RewardFunction(name="color_name", target=f"{_R}.toy:color_name_score", description="Toy: name a colour."),
-    ],
+    declared_in=("rlhf_ops.rewards.*",),
+    decorator="reward_function",
+    build=_reward_entries,
 )
+
+
+def reward_function(name: str, *, description: str = "") -> Callable[[F], F]:
+    """Declares the decorated ``compute_score`` the reward function ``name``: built in under
+    ``rlhf_ops.rewards`` (the table reads the decorator from the source), registered on import elsewhere."""
+    return declare(REWARD_FUNCTIONS, _reward_entries, name, description=description)

@@ -7,8 +7,9 @@ the table instead of repeating its names.
 
 Three ways an entry gets in:
 
-- built in: the table's own entries (torch-free: an entry names its code by a ``"module:attribute"`` string
-  and is imported only when it is used, so the config and the Airflow side never import torch);
+- built in: a decorator on the function, in the module that defines it (``@advantage_estimator("grpo",
+  group=True)``), read from the module's source (:mod:`rlhf_ops.extensions.declared`), so the table stays
+  torch-free: an entry names its code by a ``"module:attribute"`` string, imported only when it is used;
 - an installed package's entry point in the table's group (``[project.entry-points."rlhf_ops.advantage_estimators"]
   my_adv = "my_pkg.adv:ESTIMATOR"``): found by name, listed by ``rlhf config schema``;
 - a dotted path in the config value itself (``algorithm.adv_estimator=my_pkg.adv:my_estimator``), imported
@@ -27,6 +28,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rlhf_ops.code_policy import import_dotted, split_dotted
+from rlhf_ops.extensions.declared import Declaration, declarations
 
 if TYPE_CHECKING:  # pydantic only where a config field is built: the algorithms import the tables on the GPU check's
     # machine, which has no pydantic (scripts/gpu_check_lite.py)
@@ -81,7 +83,11 @@ class Table(Generic[E]):
         entry_type: The entry class (a dotted path or entry point may name an instance of it).
         group: The entry-point group installed packages register under (``"rlhf_ops.advantage_estimators"``).
         from_callable: Builds an entry from a plain callable (``name``, callable); None: only entry objects.
-        entries: The built-in entries.
+        entries: Built-in entries stated here (the rollout engines).
+        declared_in: Modules whose decorated functions are built-in entries (``"pkg.mod"``, or ``"pkg.sub.*"``
+            for every module of a package), read from their source (:mod:`rlhf_ops.extensions.declared`).
+        decorator: The decorator's name in those modules.
+        build: The entries one declaration stands for (a KL estimator's names and their ``+`` forms).
     """
 
     def __init__(
@@ -92,17 +98,25 @@ class Table(Generic[E]):
         entry_type: type[E],
         group: str,
         from_callable: Callable[[str, Any], E] | None,
-        entries: list[E],
+        entries: list[E] | None = None,
+        declared_in: tuple[str, ...] = (),
+        decorator: str = "",
+        build: Callable[[Declaration], list[E]] | None = None,
     ) -> None:
         self.what, self.key, self.entry_type, self.group = what, key, entry_type, group
         self._from_callable = from_callable
         self._builtins: dict[str, E] = {}
-        for entry in entries:
+        for entry in entries or []:
             self.register(entry)
+        for pattern in declared_in:
+            assert build is not None and decorator, "a table with declared_in needs decorator and build"
+            for declaration in declarations(pattern, decorator):
+                for entry in build(declaration):
+                    self.register(entry)
 
     def register(self, entry: E) -> E:
         """Adds ``entry`` (a package's own entries; tests). A name taken by another entry is an error."""
-        if entry.name in self._builtins and self._builtins[entry.name] is not entry:
+        if entry.name in self._builtins and self._builtins[entry.name] != entry:
             raise ValueError(f"{self.what} {entry.name!r} is registered twice; give one of them another name")
         self._builtins[entry.name] = entry
         return entry

@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +130,11 @@ def _wait_http(
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s:\n{log.read_text()[-3000:]}")
 
 
+def ray_head_ports() -> dict[str, int]:
+    """Free ports for every port a Ray head opens, by ``ray start`` flag (``--port``, ``--dashboard-port``...)."""
+    return dict(zip(_RAY_PORT_FLAGS, free_ports(len(_RAY_PORT_FLAGS)), strict=True))
+
+
 def start_ray_head(
     log_dir: Path,
     *,
@@ -137,14 +142,16 @@ def start_ray_head(
     timeout_s: float = 180.0,
     auth_token: str | None = None,
     python: Path | None = None,
+    ports: Mapping[str, int] | None = None,
 ) -> Service:
     """A private Ray head (dashboard + job server on 127.0.0.1); ``url`` is the dashboard URL.
 
     ``auth_token``: require this bearer token on the dashboard and job API (None: auth off).
     ``python``: the interpreter of the virtualenv the cluster runs (its ``ray`` CLI, and its ``python`` first on
     the jobs' PATH); default: this process's.
+    ``ports``: its ports (``ray_head_ports()``), to start a head again where the last one was; default: free ones.
     """
-    ports = dict(zip(_RAY_PORT_FLAGS, free_ports(len(_RAY_PORT_FLAGS)), strict=True))
+    ports = dict(ports or ray_head_ports())
     temp_dir = tempfile.mkdtemp(prefix="rayd_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     ray_cli = Path(python or sys.executable).with_name("ray")
     cmd = [str(ray_cli), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1"]

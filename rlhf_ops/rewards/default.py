@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from rlhf_ops.data.toy_tasks import ADD_DIGITS_SOURCE, COPY_DIGIT_SOURCE, GSM8K_SYNTH_SOURCE
+from rlhf_ops.extensions.rewards import reward_function
 from rlhf_ops.rewards.gsm8k import extract_solution, gsm8k_score
 from rlhf_ops.rewards.math_answer import last_boxed_only_string, math_score
 from rlhf_ops.rewards.multiple_choice import extract_choice, multiple_choice_score
@@ -60,6 +61,7 @@ def _family(data_source: str, *, reward: str) -> str:
     return family
 
 
+@reward_function("default", description="Dispatch on data_source.")
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -92,6 +94,7 @@ def has_answer_format(family: str, solution_str: str) -> bool:
     raise ValueError(f"format: family={family!r} must be one of gsm8k, math, multiple_choice, think_answer")
 
 
+@reward_function("format", description="Answer format only.")
 def format_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:

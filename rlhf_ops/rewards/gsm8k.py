@@ -18,6 +18,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from rlhf_ops.extensions.rewards import reward_function
+
 Method = Literal["strict", "flexible"]
 CLIP_CHARS = 300  # only the response's tail is searched, like verl's _SOLUTION_CLIP_CHARS
 _STRICT = re.compile(r"####\s*\$?\s*(-?[0-9.,]+)")
@@ -83,6 +85,7 @@ def _result(solution_str: str, ground_truth: str, method: Method) -> dict[str, f
     return {"score": main, "acc": main, "acc_strict": strict, "acc_flexible": flexible}
 
 
+@reward_function("gsm8k", description="GSM8K, strict '#### N'.")
 def gsm8k_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -94,6 +97,7 @@ def gsm8k_score(
     return _result(solution_str, ground_truth, "strict")
 
 
+@reward_function("gsm8k_flexible", description="GSM8K, last number.")
 def gsm8k_flexible_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:

@@ -22,6 +22,8 @@ import threading
 from fractions import Fraction
 from typing import Any
 
+from rlhf_ops.extensions.rewards import reward_function
+
 _BOX_PREFIXES = ("\\boxed", "\\fbox")
 _NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
 _SLASH = re.compile(r"(-?\d+)/(-?\d+)")
@@ -148,6 +150,7 @@ def is_equiv(prediction: str, ground_truth: str) -> bool:
     return _math_verify_equal(prediction, ground_truth)
 
 
+@reward_function("math", description="MATH, \\boxed{} answer.")
 def math_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlhf_ops.extensions.rewards import reward_function
+
 LETTERS = "ABCDEFGHIJ"
 # Keywords in any case, the letter in upper case only ("the answer is a dog" picks nothing).
 _EXPLICIT = re.compile(
@@ -54,6 +56,7 @@ def truth_letter(ground_truth: str, extra_info: dict[str, Any] | None) -> str:
     return text
 
 
+@reward_function("multiple_choice", description="The option letter.")
 def multiple_choice_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:

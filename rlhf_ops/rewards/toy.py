@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from rlhf_ops.data.toy_tasks import ADD_DIGITS_SOURCE, COPY_DIGIT_SOURCE
+from rlhf_ops.extensions.rewards import reward_function
 
 # rlhf_ops.data.images' data source, repeated here: importing that module pulls torch into the Airflow side.
 COLOR_NAME_SOURCE = "toy/color_name"
@@ -48,6 +49,7 @@ def shaped_answer_score(solution_str: str, ground_truth: str) -> dict[str, float
     return {"score": score, "acc": acc}
 
 
+@reward_function("copy_digit", description="Toy: copy a digit.")
 def copy_digit_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -55,6 +57,7 @@ def copy_digit_score(
     return shaped_answer_score(solution_str, ground_truth)
 
 
+@reward_function("add_digits", description="Toy: add two digits.")
 def add_digits_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -62,6 +65,7 @@ def add_digits_score(
     return shaped_answer_score(solution_str, ground_truth)
 
 
+@reward_function("color_name", description="Toy: name a colour.")
 def color_name_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -89,6 +93,7 @@ _BY_SOURCE = {
 }
 
 
+@reward_function("toy", description="The toy tasks, by source.")
 def toy_compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:

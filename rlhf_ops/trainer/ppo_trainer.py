@@ -25,6 +25,7 @@ from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams, rollout_logprobs_comparable
 from rlhf_ops.tracking.logger import MetricLogger
 from rlhf_ops.trainer.advantage import apply_reward_kl, build_kl_controller, compute_advantage
+from rlhf_ops.trainer.async_pipeline import AsyncPipeline, RolloutGroup
 from rlhf_ops.trainer.dynamic_sampling import ScoredBatch, fill_dynamic_batch
 from rlhf_ops.trainer.faults import NothingLeftToTrain, Preempted, PreemptionNotice, SaveSchedule
 from rlhf_ops.trainer.faults import warn_if_grace_too_short as _warn_if_grace_too_short
@@ -39,6 +40,7 @@ from rlhf_ops.trainer.metrics import (
 from rlhf_ops.trainer.one_step_off import OneStepOffPipeline
 from rlhf_ops.trainer.reward import RewardStage
 from rlhf_ops.trainer.roles import ActorRolloutRef, Checkpointer, Critic, Tokenizer
+from rlhf_ops.trainer.sample_ledger import SampleLedger
 from rlhf_ops.trainer.timing import StageTimer
 from rlhf_ops.trainer.validation import validate
 
@@ -121,6 +123,7 @@ class PPOTrainer:
         checkpointer: Checkpointer | None = None,
         eos_token_ids: Sequence[int] | None = None,
         preemption: PreemptionNotice | None = None,
+        async_rollout: RolloutGroup | None = None,
     ) -> None:
         self.config, self.plan = config, plan
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
@@ -131,6 +134,7 @@ class PPOTrainer:
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids else [int(tokenizer.eos_token_id)]
         self.kl_ctrl: KLController = build_kl_controller(config.algorithm.kl_ctrl)
         self.state = TrainerState()
+        self.samples = SampleLedger()  # the sample ids each step consumed, through checkpoints (sample_ledger.py)
         if plan.total_steps is None or plan.steps_per_epoch != len(train_loader):
             raise ValueError(
                 f"the plan was derived for {plan.steps_per_epoch} steps per epoch but the loader has "
@@ -139,8 +143,20 @@ class PPOTrainer:
         self.total_steps = plan.total_steps
         self.needs_old_log_prob = needs_old_log_prob(config.algorithm, plan.actor)
         # trainer.pipeline=one_step_off: the next step's rollout runs while this one trains (one_step_off.py).
-        self.pipeline: OneStepOffPipeline | None = None
-        if config.trainer.pipeline == "one_step_off":
+        self.pipeline: OneStepOffPipeline | AsyncPipeline | None = None
+        if config.trainer.pipeline == "async":  # a rollout group of its own (async_pipeline.py)
+            if async_rollout is None:
+                raise ValueError("trainer.pipeline=async needs the rollout group: pass async_rollout")
+            self.pipeline = AsyncPipeline(
+                async_rollout,
+                actor_rollout_ref,  # type: ignore[arg-type]  # the Ray client has full_state_dict
+                train_loader,
+                n=plan.rollout_n,
+                sampling=self.sampling,
+                total_steps=self.total_steps,
+                config=config.trainer.async_rollout,
+            )
+        elif config.trainer.pipeline == "one_step_off":
             self.pipeline = OneStepOffPipeline(
                 actor_rollout_ref,
                 train_loader,
@@ -256,7 +272,11 @@ class PPOTrainer:
         start = time.perf_counter()
         batch, epoch, lag = self.pipeline.next_batch(step, timer)
         metrics["training/policy_lag"] = float(lag)  # actor updates between the rollout's weights and this update
-        return self.train_step(batch, timer, metrics, start=start, step=step), epoch
+        metrics = self.train_step(batch, timer, metrics, start=start, step=step)
+        if isinstance(self.pipeline, AsyncPipeline):  # weights to the rollout group; lag, buffer, idle metrics
+            metrics.update(self.pipeline.after_update(step, timer))
+            metrics.update({k: v for k, v in timer.metrics().items() if "weight_push" in k})
+        return metrics, epoch
 
     @property
     def _keep_groups(self) -> bool:
@@ -283,6 +303,7 @@ class PPOTrainer:
         )
         if self.config.algorithm.filter_groups.enable:  # DAPO: refill zero-variance groups from the next prompts
             batch = self._dynamic_sampling(ScoredBatch(batch, extra), timer, metrics, step=step)
+        metrics.update(self.samples.record(batch.non_tensor_batch["uid"]))
         if self.needs_old_log_prob:
             batch = with_keys(batch, self.old_log_prob(batch, timer, metrics, step=step))
         if self.config.needs_ref:
@@ -453,6 +474,7 @@ class PPOTrainer:
             "kl_ctrl": self.state.kl_ctrl,
             "rng": self.state.rng,
             "history": self.state.history,
+            "samples": self.samples.state_dict(),
         }
         if self.pipeline is not None:
             state["pipeline"] = pipeline
@@ -468,6 +490,7 @@ class PPOTrainer:
         )
         self.train_loader.load_state_dict(self.state.loader)
         self.kl_ctrl.load_state_dict(self.state.kl_ctrl)
+        self.samples.load_state_dict(state.get("samples"))
         if "torch" in self.state.rng:
             torch.random.set_rng_state(torch.tensor(self.state.rng["torch"], dtype=torch.uint8))
         if self.pipeline is not None:  # a sync run's "pipeline" is absent: its next step generates synchronously

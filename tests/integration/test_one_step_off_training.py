@@ -153,4 +153,8 @@ def test_pipelined_run_logs_the_lag_and_the_correction_and_a_killed_run_resumes_
             diff = abs(mine[key] - ref[key])
             worst = max(worst, diff)
             assert diff <= 1e-5 * max(1.0, abs(ref[key])), (mine["step"], key, mine[key], ref[key])
+        # The prefetched batch in the checkpoint is trained once after the resume: no sample dropped or repeated.
+        for key in ("samples/step_count", "samples/consumed_total", "samples/consumed_digest"):
+            assert mine[key] == ref[key], (mine["step"], key, mine[key], ref[key])
+    assert resumed[-1]["samples/consumed_total"] == 4 * 16  # 4 steps of 16 prompts, each counted once
     print(f"largest |resumed - uninterrupted| over {COMPARED}: {worst:.3g}")

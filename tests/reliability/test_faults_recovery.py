@@ -43,6 +43,8 @@ COMMON = [
     "data.train_batch_size=16",
 ]
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "response_length/mean")
+# rlhf_ops/trainer/sample_ledger.py: equal at every step, exactly, when no sample was dropped or trained twice.
+COUNTED = ("samples/step_count", "samples/consumed_total", "samples/consumed_digest")
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +120,8 @@ def _same_metrics(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None
         for key in COMPARED:
             tolerance = 1e-5 * max(1.0, abs(ref[key]))
             assert abs(mine[key] - ref[key]) <= tolerance, (mine["step"], key, mine[key], ref[key])
+        for key in COUNTED:
+            assert mine[key] == ref[key], (mine["step"], key, mine[key], ref[key])
 
 
 @pytest.fixture(scope="module")

@@ -96,13 +96,22 @@ def _wait_for(what: str, check: Callable[[], bool], bound_s: float) -> float:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize(("target", "find"), [("worker_rank", worker_rank), ("ray_head", ray_head)])
+@pytest.mark.parametrize(
+    ("target", "find", "sig"),
+    [
+        ("worker_rank", worker_rank, signal.SIGKILL),
+        # A node's preemption notice reaching a worker process rather than the driver.
+        ("worker_rank_sigterm", worker_rank, signal.SIGTERM),
+        ("ray_head", ray_head, signal.SIGKILL),
+    ],
+)
 def test_killing_a_part_of_the_ray_run_fails_the_driver_cleans_up_and_resumes_exactly(
     tmp_path: Path,
     figures: Figures,
     uninterrupted: dict[int, dict[str, Any]],
     target: str,
     find: Callable[[str], list[int]],
+    sig: signal.Signals,
 ) -> None:
     run_dir, log = tmp_path / "tiny-cpu" / "demo", tmp_path / "train.log"
     proc = _train(tmp_path, OVERRIDES)
@@ -115,13 +124,14 @@ def test_killing_a_part_of_the_ray_run_fails_the_driver_cleans_up_and_resumes_ex
     victims = find(token)
     assert len(victims) == 1, (target, [(p, _cmdline(p)) for p in processes_with_token(token)])
     before = len(processes_with_token(token))
-    os.kill(victims[0], signal.SIGKILL)
+    os.kill(victims[0], sig)
     fail_s = _wait_for("the driver ends after the kill", lambda: proc.poll() is not None, FAIL_BOUND_S)
     assert proc.returncode != 0, f"the driver exited 0 after its {target} was killed"
     clean_s = _wait_for("every process of the run is gone", lambda: not processes_with_token(token), CLEAN_BOUND_S)
     text = log.read_text(errors="replace")
-    if target == "worker_rank":  # the error names the role and rank whose process died
+    if target.startswith("worker_rank"):  # the error names the role, the rank whose process died and its node
         assert "failed in" in text and "rank" in text and "ActorDiedError" in text, text[-3000:]
+        assert " on node 127.0.0.1 (pid " in text, text[-3000:]  # the first line names the node
     logged = _records(run_dir)
     committed = read_latest(run_dir) or 0
     # Ray's actors outlive a killed GCS for its 60 s reconnect window, so a tiny run killed at its head may

@@ -77,6 +77,7 @@ class ActorRolloutRefSpec:
     """Intra-op threads (``resources.threads_per_worker``); set before the vLLM engine disables set_num_threads."""
     profile_steps: tuple[int, ...] = ()  # trainer.profile_steps
     profile_dir: str = ""  # absolute trainer.profile_dir
+    live_metrics: bool = False  # trainer.logger has prometheus: the rollout's measurements go to Ray's metrics
 
 
 class ActorRolloutRefWorker(Worker):
@@ -92,6 +93,7 @@ class ActorRolloutRefWorker(Worker):
         self.rollout: RolloutEngine | None = None
         self._ref_is_actor_base = False  # LoRA: the reference is the actor's module with adapters disabled
         self.sharding_manager: FSDPShardingManager | None = None
+        self.live: Any = None  # workers.live_metrics.RolloutMetrics, made at the first rollout (spec.live_metrics)
 
     def _need(self, part: str, method: str) -> None:
         if part not in self.parts:
@@ -274,7 +276,24 @@ class ActorRolloutRefWorker(Worker):
             out = self.rollout.generate_sequences(prompts, sampling, step)
             timing = dict(out.meta_info.get("timing") or {})
         out.meta_info["timing"] = timing
+        if self.spec.live_metrics:
+            self._publish_rollout_metrics(out, timing)
         return out.to("cpu")
+
+    def _publish_rollout_metrics(self, out: DataProto, timing: dict[str, float]) -> None:
+        from workers.live_metrics import RolloutMetrics
+
+        if self.live is None:
+            self.live = RolloutMetrics(engine=self.spec.rollout.engine, rank=self.rank)
+        batch = out.batch
+        mask = batch["response_mask"] if batch is not None and "response_mask" in batch.keys() else None
+        sync = self.sharding_manager.last_metrics if self.sharding_manager is not None else {}
+        self.live.publish(
+            generate_s=float(timing.get("generate_sequences", 0.0)),
+            response_tokens=int(mask.sum()) if mask is not None else 0,
+            sequences=len(out),
+            sync=sync,
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("old_log_prob")
@@ -332,7 +351,13 @@ class ActorRolloutRefWorker(Worker):
         """Sharded model + optimizer + scheduler of the actor under ``path`` (one writer per rank)."""
         self._need("actor", "save_checkpoint")
         assert self.actor is not None and self.actor.optimizer is not None
-        save_role_checkpoint(path, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+        save_role_checkpoint(
+            path,
+            self.actor.module,
+            self.actor.optimizer,
+            self.actor.lr_scheduler,
+            adapter_only=self.spec.model.lora.save_adapter_only,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
@@ -348,7 +373,9 @@ class ActorRolloutRefWorker(Worker):
         """Without a shared filesystem: this rank's shards on its node, uploaded to ``ckpt.remote_url``."""
         self._need("actor", "save_checkpoint_to_store")
         assert self.actor is not None and self.actor.optimizer is not None
-        return save_role_to_store(ckpt, role, self.actor.module, self.actor.optimizer, self.actor.lr_scheduler)
+        module, optimizer, scheduler = self.actor.module, self.actor.optimizer, self.actor.lr_scheduler
+        adapter_only = self.spec.model.lora.save_adapter_only
+        return save_role_to_store(ckpt, role, module, optimizer, scheduler, adapter_only=adapter_only)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint_from_store(self, ckpt: NodeCheckpoint, role: str) -> None:

@@ -40,6 +40,10 @@ def build_loggers(config: RunConfig, run_dir: Path) -> Any:
 
             # Buffered: an MLflow outage mid-run must not stop training (metrics are sent when it is back).
             loggers.append(MlflowLogger(tracking_uri=config.tracking.mlflow_uri, buffered=True))
+        elif name == "prometheus":
+            from workers.live_metrics import RayMetricsLogger
+
+            loggers.append(RayMetricsLogger(experiment=config.trainer.experiment_name, run=config.trainer.run_name))
     return MultiLogger(loggers)
 
 
@@ -190,6 +194,11 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
         pad_token_id=int(tokenizer.pad_token_id),
         eos_token_id=tuple(eos_ids),
     )
+    async_group = None
+    if config.trainer.pipeline == "async":  # a rollout group of its own (workers.rollout.async_group)
+        from workers.rollout.async_group import launch_for_run
+
+        async_group = launch_for_run(config, plan, model_path, int(tokenizer.pad_token_id), tuple(eos_ids))
     logger = build_loggers(config, run_dir)
     try:
         overlong = config.reward.overlong_buffer
@@ -239,10 +248,13 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             checkpointer=checkpointer,
             eos_token_ids=eos_ids,
             preemption=preemption,
+            async_rollout=async_group,
         )
         return trainer.fit()
     finally:
         logger.close()
+        if async_group is not None:
+            async_group.shutdown()
         groups.shutdown()
 
 

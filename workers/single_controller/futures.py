@@ -23,6 +23,8 @@ __all__ = ["GroupFuture", "WorkerGroupError", "root_cause_rank", "wait_all"]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NODE = re.compile(r"\bip: (\S+)")  # Ray's ActorDiedError names the dead actor's node and pid
+_PID = re.compile(r"\bpid: (\d+)")
 
 
 class WorkerGroupError(RuntimeError):
@@ -51,6 +53,9 @@ class WorkerGroupError(RuntimeError):
         where = f"rank {rank}" if rank is not None else "worker group"
         text = detail or (f"{type(cause).__name__}: {cause}" if cause is not None else "failed")
         text = _ANSI.sub("", text)  # Ray colours its tracebacks; logs and Airflow UIs show raw escapes
+        if rank is not None and isinstance(cause, RayActorError) and (node := _NODE.search(text)):
+            pid = _PID.search(text)  # the node whose process died (a preempted or lost node), on the first line
+            where += f" on node {node.group(1)}" + (f" (pid {pid.group(1)})" if pid else "")
         self._text = text
         others = sorted(set(self.failed_ranks) - {rank})
         also = f" (ranks {others} failed too)" if others else ""

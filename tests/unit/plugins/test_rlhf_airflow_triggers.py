@@ -40,6 +40,7 @@ def test_serialize_round_trip_recreates_equal_trigger() -> None:
         "log_offset": 42,
         "timeout": 3600.0,
         "ray_conn_id": "ray_prod",  # the token stays in the connection: the kwargs are stored in the metadata DB
+        "head_outage_s": 600.0,
     }
 
 
@@ -120,7 +121,7 @@ def _closed_port() -> int:
 
 
 def test_run_yields_error_after_repeated_connection_failures() -> None:
-    trigger = RayJobTrigger(f"http://127.0.0.1:{_closed_port()}", "nobody", poll_interval=0.01)
+    trigger = RayJobTrigger(f"http://127.0.0.1:{_closed_port()}", "nobody", poll_interval=0.01, head_outage_s=0)
 
     async def first_event() -> Any:
         return await anext(trigger.run())
@@ -129,3 +130,40 @@ def test_run_yields_error_after_repeated_connection_failures() -> None:
     assert event.payload["status"] == "error"
     assert event.payload["job_status"] == "UNKNOWN"
     assert "10 consecutive poll failures" in event.payload["message"]
+
+
+class _RestartingHead(_ScriptedRayClient):
+    """A head that stops answering for ``down`` polls, then answers from ``steps`` (or 404s: it lost the job)."""
+
+    def __init__(self, steps: list[tuple[str, str]], down: int, *, lost: bool = False) -> None:
+        import time
+
+        super().__init__(steps, int(time.time() * 1000))
+        self.down, self.lost = down, lost
+
+    def get_job_info(self, submission_id: str) -> JobDetails:
+        if self.down > 0:
+            self.down -= 1
+            raise ConnectionError("Connection refused")
+        if self.lost:
+            raise RuntimeError(f"Request failed with status code 404: Job {submission_id} does not exist.")
+        return super().get_job_info(submission_id)
+
+
+def test_watcher_waits_out_a_head_outage_and_re_attaches_to_the_job() -> None:
+    head, seen = _RestartingHead([("RUNNING", "a\n"), ("SUCCEEDED", "a\nb\n")], down=12), list[str]()
+    watcher = RayJobWatcher("sub", head_outage_s=60)
+    events = [watcher.step(head, seen.append) for _ in range(14)]
+    assert events[:13] == [None] * 13  # 12 failed polls (more than 10) within head_outage_s: no verdict
+    assert events[13] is not None and events[13]["status"] == "success"
+    assert "[watcher] the Ray head answers again; sub is RUNNING: re-attached" in seen
+    assert watcher.failed_polls == 0
+
+
+def test_watcher_reports_a_job_the_restarted_head_lost() -> None:
+    watcher = RayJobWatcher("sub", head_outage_s=60)
+    head = _RestartingHead([("RUNNING", "")], down=3, lost=True)
+    events = [watcher.step(head, lambda _: None) for _ in range(4)]
+    assert events[:3] == [None] * 3
+    assert events[3] is not None and events[3]["status"] == "lost"
+    assert "does not exist on the Ray head" in events[3]["message"]

@@ -25,3 +25,18 @@ def test_a_dead_actor_is_the_root_cause_and_the_lowest_dead_rank_wins() -> None:
 
 def test_without_a_dead_process_the_lowest_failed_rank_is_named() -> None:
     assert root_cause_rank({3: _peer_error(), 1: _peer_error()}) == 1
+
+
+def test_a_dead_rank_s_error_names_its_node_and_pid_on_the_first_line() -> None:
+    from ray.exceptions import RayActorError, RayTaskError
+
+    from workers.single_controller.futures import WorkerGroupError
+
+    text = "The actor died unexpectedly before finishing this task.\n\tpid: 4242\n\tip: 10.0.3.7\nSIGTERM"
+    err = WorkerGroupError("actor_rollout_ref", 1, "generate_sequences", RayActorError(error_msg=text))
+    assert str(err).splitlines()[0] == (
+        "[actor_rollout_ref] rank 1 on node 10.0.3.7 (pid 4242) failed in generate_sequences(): "
+        "RayActorError: The actor died unexpectedly before finishing this task."
+    )
+    raised = WorkerGroupError("critic", 0, "update", RayTaskError("update", "Traceback...", ValueError("bad")))
+    assert str(raised).startswith("[critic] rank 0 failed in update()")  # a raised error: no node added

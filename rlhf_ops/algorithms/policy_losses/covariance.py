@@ -1,47 +1,25 @@
-"""Policy-loss variants used in practice, truncated importance sampling, and the table of policy losses.
+"""Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
+Language Models", arXiv:2505.22617; verl's ``clip_cov`` / ``kl_cov``).
 
 Shape notation: B: batch size (of this micro-batch), T: response length; every token-level input is (B, T).
 
-- Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
-  Language Models", arXiv:2505.22617; verl's ``clip_cov`` / ``kl_cov``): entropy collapses because the tokens
-  with a large covariance between log-prob and advantage dominate the update. Clip-Cov drops the loss of a
-  small random share (``clip_cov_ratio``) of the tokens whose centred covariance lies in
-  ``(clip_cov_lb, clip_cov_ub)``; KL-Cov adds ``ppo_kl_coef * |log_prob - old_log_prob|`` to the loss of the
-  top ``kl_cov_ratio`` share of tokens by covariance (and uses the unclipped surrogate elsewhere).
-  The covariance is centred on the means of *this call's* tokens and the share is taken of its tokens, as in
-  the paper's and verl's code: the result depends on how a mini-batch is split into micro-batches (use one
-  micro-batch per mini-batch to reproduce the paper's per-batch selection).
-- CISPO (MiniMax-M1, arXiv:2506.13585): clip the importance-sampling weight, not the update. Per token the
-  gradient is ``-A * sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * grad log_prob``: a token whose ratio left the
-  range still contributes its (capped) gradient, where PPO would give it none.
-- Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
-  RL training"; verl's ``tis_imp_ratio_cap``): the rollout engine (vLLM, bf16 kernels) and the trainer disagree
-  on token probabilities, so each token loss is weighted by ``min(pi_old / pi_rollout, cap)``, detached.
+Entropy collapses because the tokens with a large covariance between log-prob and advantage dominate the
+update. Clip-Cov drops the loss of a small random share (``clip_cov_ratio``) of the tokens whose centred
+covariance lies in ``(clip_cov_lb, clip_cov_ub)``; KL-Cov adds ``ppo_kl_coef * |log_prob - old_log_prob|`` to
+the loss of the top ``kl_cov_ratio`` share of tokens by covariance (and uses the unclipped surrogate elsewhere).
+The covariance is centred on the means of *this call's* tokens and the share is taken of its tokens, as in the
+paper's and verl's code: the result depends on how a mini-batch is split into micro-batches (use one
+micro-batch per mini-batch to reproduce the paper's per-batch selection).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 from torch import Tensor
 
-from rlhf_ops.algorithms.losses import (
-    Count,
-    agg_loss,
-    apply_is_weights,
-)
+from rlhf_ops.algorithms.losses import Count, agg_loss, apply_is_weights
 from rlhf_ops.algorithms.stats import masked_mean
-from rlhf_ops.extensions.algorithms import POLICY_LOSSES as POLICY_LOSS_TABLE
-
-__all__ = [
-    "POLICY_LOSSES",
-    "PolicyLossFn",
-    "compute_policy_loss_cispo",
-    "compute_policy_loss_clip_cov",
-    "compute_policy_loss_kl_cov",
-    "truncated_is_weights",
-]
+from rlhf_ops.extensions.algorithms import LossAggMode, policy_loss
 
 
 def _centred_covariance(advantages: Tensor, log_prob: Tensor, response_mask: Tensor) -> Tensor:
@@ -55,6 +33,12 @@ def _share(ratio: float, num_valid: int) -> int:
     return min(max(int(ratio * num_valid), 1), num_valid)
 
 
+@policy_loss(
+    "clip_cov",
+    description="Clip-Cov: drops the loss of a few high-covariance tokens.",
+    config_params=("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+    seeded=True,
+)
 def compute_policy_loss_clip_cov(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -64,7 +48,7 @@ def compute_policy_loss_clip_cov(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: LossAggMode = "token-mean",
     global_num_tokens: Count = None,
     global_num_seqs: Count = None,
     norm_len: float | None = None,
@@ -143,6 +127,11 @@ def compute_policy_loss_clip_cov(
     return pg_loss, metrics
 
 
+@policy_loss(
+    "kl_cov",
+    description="KL-Cov: a KL penalty on a few high-covariance tokens.",
+    config_params=("kl_cov_ratio", "ppo_kl_coef"),
+)
 def compute_policy_loss_kl_cov(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -152,7 +141,7 @@ def compute_policy_loss_kl_cov(
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: LossAggMode = "token-mean",
     global_num_tokens: Count = None,
     global_num_seqs: Count = None,
     norm_len: float | None = None,
@@ -222,120 +211,3 @@ def compute_policy_loss_kl_cov(
         "actor/ppo_kl_abs": masked_mean(abs_kl, response_mask).detach(),
     }
     return pg_loss, metrics
-
-
-def compute_policy_loss_cispo(
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    global_num_tokens: Count = None,
-    global_num_seqs: Count = None,
-    norm_len: float | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """CISPO: REINFORCE with the importance-sampling weight clipped and detached (MiniMax-M1).
-
-    Per token the loss is ``-A * sg(w) * exp(log_prob - sg(log_prob))`` with
-    ``w = clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)``: its value is ``-A * w`` (comparable to PPO's
-    surrogate) and its gradient ``-A * w * grad log_prob`` (the paper's). MiniMax-M1 tunes only the upper
-    bound; a ``clip_ratio_low >= 1`` leaves the weight unbounded below.
-
-    Args:
-        old_log_prob: (B, T).
-        log_prob: (B, T) carries the gradient.
-        advantages: (B, T).
-        response_mask: (B, T).
-        clip_ratio_low: Lower bound epsilon of the weight.
-        clip_ratio_high: Upper bound epsilon of the weight.
-        clip_ratio_c: Unused (no dual clip); accepted so all ``POLICY_LOSSES`` share one call.
-        loss_agg_mode: See :func:`rlhf_ops.algorithms.losses.agg_loss`.
-        global_num_tokens: See ``agg_loss``.
-        global_num_seqs: See ``agg_loss``.
-        norm_len: See ``agg_loss``.
-        is_weights: See :func:`rlhf_ops.algorithms.losses.compute_policy_loss`.
-
-    Returns:
-        ``(pg_loss, metrics)`` with ``actor/pg_clipfrac`` (tokens whose weight hit the upper bound),
-        ``actor/pg_clipfrac_lower`` (the lower bound) and ``actor/ppo_kl``.
-    """
-    del clip_ratio_c
-    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(negative_approx_kl).detach()
-    weight = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    # exp(x - sg(x)) is 1 in value and has the gradient of x: value -A * w, gradient -A * w * d log_prob.
-    pg_losses = apply_is_weights(-advantages * weight * torch.exp(log_prob - log_prob.detach()), is_weights)
-    pg_loss = agg_loss(
-        pg_losses,
-        response_mask,
-        loss_agg_mode,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_len=norm_len,
-    )
-    metrics = {
-        "actor/pg_clipfrac": masked_mean((ratio > 1 + clip_ratio_high).float(), response_mask).detach(),
-        "actor/pg_clipfrac_lower": masked_mean((ratio < 1 - clip_ratio_low).float(), response_mask).detach(),
-        "actor/ppo_kl": masked_mean(-negative_approx_kl, response_mask).detach(),
-    }
-    return pg_loss, metrics
-
-
-def truncated_is_weights(
-    old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, cap: float
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token ``min(exp(old_log_prob - rollout_log_probs), cap)`` (verl's ``tis_imp_ratio_cap``).
-
-    Args:
-        old_log_prob: (B, T) the trainer's log-probs of the sampled tokens (the PPO behaviour policy).
-        rollout_log_probs: (B, T) the rollout engine's log-probs of the same tokens.
-        response_mask: (B, T).
-        cap: Upper bound of the weight (verl's recipes: 2).
-
-    Returns:
-        ``(weights, metrics)``: weights (B, T), detached, 0 on masked tokens; metrics ``actor/tis_weight_mean``
-        (mean weight before the cap), ``actor/tis_clipfrac`` (share of tokens capped), local masked means.
-
-    Raises:
-        ValueError: ``cap <= 0``.
-    """
-    if cap <= 0:
-        raise ValueError(f"tis_imp_ratio_cap must be > 0, got {cap}.")
-    raw = torch.exp(torch.clamp(old_log_prob - rollout_log_probs, min=-20.0, max=20.0)).detach()
-    weights = torch.clamp(raw, max=cap) * response_mask.to(raw.dtype)
-    metrics = {
-        "actor/tis_weight_mean": masked_mean(raw, response_mask),
-        "actor/tis_clipfrac": masked_mean((raw > cap).float(), response_mask),
-    }
-    return weights, metrics
-
-
-class PolicyLossFn(Protocol):
-    """Call signature shared by the entries of ``POLICY_LOSSES`` (variant hyper-parameters bound beforehand)."""
-
-    def __call__(
-        self,
-        old_log_prob: Tensor,
-        log_prob: Tensor,
-        advantages: Tensor,
-        response_mask: Tensor,
-        *,
-        clip_ratio_low: float,
-        clip_ratio_high: float,
-        clip_ratio_c: float = 3.0,
-        loss_agg_mode: str = ...,
-        global_num_tokens: Count = None,
-        global_num_seqs: Count = None,
-        norm_len: float | None = None,
-        is_weights: Tensor | None = None,
-    ) -> tuple[Tensor, dict[str, Tensor]]: ...
-
-
-# The built-in entries of the table (rlhf_ops.extensions.POLICY_LOSSES), name -> function; the actor binds
-# an entry's own hyper-parameters from the config (workers.actor.dp_actor.bind_policy_loss).
-POLICY_LOSSES: dict[str, PolicyLossFn] = {entry.name: entry.load() for entry in POLICY_LOSS_TABLE}
