@@ -88,7 +88,8 @@ def _parse_headers(raw: Any, *, conn_id: str) -> dict[str, str]:
 
 
 def _parse_verify(raw: Any) -> bool | str:
-    if raw is None:
+    # Absent or left empty (Airflow 3.1 without FAB shows the field without its default): verify TLS.
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
         return True
     if isinstance(raw, str) and raw.strip().lower() in ("true", "false", "1", "0"):
         return raw.strip().lower() in ("true", "1")

@@ -60,6 +60,12 @@ def test_client_config_from_connection_with_token(monkeypatch: pytest.MonkeyPatc
     assert asyncio.run(RayJobHook("ray_cfg").aclient_config()) == (address, headers, verify)
 
 
+def test_verify_left_empty_in_the_form_means_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow 3.1 without FAB shows the TLS field without its default: saved empty, TLS is still verified."""
+    _conn(monkeypatch, "ray_empty", conn_type="ray", host="ray.internal", port=8265, extra={"verify": ""})
+    assert RayJobHook("ray_empty").client_config()[2] is True
+
+
 def test_explicit_authorization_header_wins_and_scheme_host_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     _conn(
         monkeypatch,
