@@ -187,35 +187,6 @@ def compute_rloo_outcome_advantage(
 
 
 @advantage_estimator(
-    "reinforce_plus_plus_baseline", description="Group-mean baseline, whitened over the batch.", group=True
-)
-@torch.no_grad()
-def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    index: Any,
-    epsilon: float = 1e-6,
-) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline (arXiv:2501.03262): group-mean baseline, then whitening over the whole batch.
-
-    Args:
-        token_level_rewards: (B, T); the score of a sequence is its sum over T.
-        response_mask: (B, T).
-        index: B hashable group ids.
-        epsilon: Unused; kept for verl signature compatibility.
-
-    Returns:
-        ``(advantages, returns)``, both (B, T) and equal.
-    """
-    del epsilon
-    scores = token_level_rewards.sum(dim=-1)
-    mean, _, _ = _group_stats(scores, index)
-    adv = (scores - mean).unsqueeze(-1).expand_as(token_level_rewards) * response_mask
-    adv = masked_whiten(adv, response_mask) * response_mask
-    return adv, adv
-
-
-@advantage_estimator(
     "reinforce_plus_plus", description="Discounted reward-to-go, whitened over the batch.", config_params=("gamma",)
 )
 @torch.no_grad()
@@ -249,6 +220,35 @@ def compute_reinforce_plus_plus_outcome_advantage(
         returns[:, t] = running
     advantages = masked_whiten(returns, response_mask) * response_mask
     return advantages, returns
+
+
+@advantage_estimator(
+    "reinforce_plus_plus_baseline", description="Group-mean baseline, whitened over the batch.", group=True
+)
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (arXiv:2501.03262): group-mean baseline, then whitening over the whole batch.
+
+    Args:
+        token_level_rewards: (B, T); the score of a sequence is its sum over T.
+        response_mask: (B, T).
+        index: B hashable group ids.
+        epsilon: Unused; kept for verl signature compatibility.
+
+    Returns:
+        ``(advantages, returns)``, both (B, T) and equal.
+    """
+    del epsilon
+    scores = token_level_rewards.sum(dim=-1)
+    mean, _, _ = _group_stats(scores, index)
+    adv = (scores - mean).unsqueeze(-1).expand_as(token_level_rewards) * response_mask
+    adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, adv
 
 
 @advantage_estimator(
