@@ -5,8 +5,8 @@
 #   3. the connections the platform's DAGs use, rewritten from the environment on every run so that editing
 #      docker/.env and re-running `docker compose up airflow-init` updates them:
 #        ray_default     type ray:  the Ray dashboard / job server; password = Ray auth token (if any)
-#        aws_default     type aws:  S3 credentials and endpoint; the operator copies them into the Ray job's
-#                                   env (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...), never into config or logs
+#        aws_default     type aws:  S3 credentials and endpoint of the Airflow tasks; a Ray job gets only the
+#                                   endpoint and region (AWS_ENDPOINT_URL_S3, ...): the Ray nodes have their own keys
 #        mlflow_default  type http: the MLflow tracking server (MLFLOW_TRACKING_URI of the Ray job)
 #   4. the pool of the Ray cluster's capacity that `train` and `evaluate` take slots of (plugins/rlhf_airflow/
 #      pools.py; the scheduler never runs a task whose pool is missing), created when missing: its size is the

@@ -215,12 +215,14 @@ RAY_AUTH_TOKEN=$token
 AIRFLOW_ADMIN_USERNAME=admin
 AIRFLOW_ADMIN_PASSWORD=$admin_pw
 ENV
+  # The driver named in every URL: SQLAlchemy 2.1 reads a PostgreSQL URL without one as psycopg 3, which the
+  # image does not install (psycopg2 only); the Celery result backend without it stopped the worker at start-up.
   local db="postgresql+psycopg2://airflow:$af_pw@127.0.0.1:$P_POSTGRES/airflow"
   cat >"$STATE/airflow.env" <<ENV
 AIRFLOW__CORE__EXECUTOR=CeleryExecutor
 AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=$db
 AIRFLOW__CELERY__BROKER_URL=redis://127.0.0.1:$P_REDIS/0
-AIRFLOW__CELERY__RESULT_BACKEND=db+postgresql://airflow:$af_pw@127.0.0.1:$P_POSTGRES/airflow
+AIRFLOW__CELERY__RESULT_BACKEND=db+$db
 AIRFLOW__CORE__FERNET_KEY=$fernet
 AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=true
 AIRFLOW__CORE__LOAD_EXAMPLES=false
@@ -332,8 +334,11 @@ region_name='us-east-1', aws_access_key_id='stack', aws_secret_access_key='stack
     || die "airflow-init failed: $(grep -v '^\s*$' "$STATE/airflow-init.log" | tail -1); log: $STATE/airflow-init.log"
   wait_ready mlflow "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:$P_MLFLOW/health', timeout=5)\""
 
+  # The Ray nodes' own S3 identity (moto takes any key): a job gets only the endpoint and region from Airflow's
+  # aws_default, never its keys (docs/deployment.md, "S3").
   local ray_env=(-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN="$RAY_AUTH_TOKEN" -e RLHF_WORK_DIR=/rlhf/work
-    -e MLFLOW_TRACKING_URI="http://127.0.0.1:$P_MLFLOW" --shm-size=1g)
+    -e MLFLOW_TRACKING_URI="http://127.0.0.1:$P_MLFLOW" -e AWS_ACCESS_KEY_ID=stack -e AWS_SECRET_ACCESS_KEY=stack
+    --shm-size=1g)
   run_c ray-head "${ray_env[@]}" "${work[@]}" -e RAY_NODE_TYPE=head -e RAY_NUM_GPUS=0 \
     -e RAY_GCS_PORT="$P_RAY_GCS" -e RAY_DASHBOARD_PORT="$P_RAY_DASH" \
     -e RAY_START_ARGS="$(ray_node_ports $((PORT_BASE + 30)) $((PORT_BASE + 40))) --num-cpus=2 \

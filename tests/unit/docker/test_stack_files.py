@@ -271,3 +271,20 @@ def test_stack_status_names_a_container_that_exited(podman: str, stack_env: dict
 def test_stack_unknown_command_prints_the_usage() -> None:
     line = _one_line(_stack("launch", env={}))
     assert line == "stack: usage: bash scripts/stack.sh build|up|down|status|trigger [CONF_JSON]"
+
+
+def test_every_postgresql_url_names_the_driver_the_airflow_image_installs() -> None:
+    """The lock's SQLAlchemy (2.1) reads a bare ``postgresql://`` as psycopg 3, which the Airflow image does not
+    install: a Celery result backend without ``+psycopg2`` stopped the worker at start-up (the Celery provider
+    reports that ImportError as "Failed to import providers_configuration_loaded")."""
+    from sqlalchemy.engine import make_url
+
+    files = [ROOT / "scripts/stack.sh", COMPOSE, *sorted((ROOT / "docker/k8s").glob("*.yaml"))]
+    schemes = {s for f in files for s in re.findall(r"\bpostgresql(?:\+\w+)?://", f.read_text())}
+    assert schemes, "no PostgreSQL URL found: the pattern no longer matches the deployment files"
+    drivers = {s: make_url(f"{s}user@host/db").get_dialect().driver for s in schemes}
+    assert set(drivers.values()) == {"psycopg2"}, drivers
+    assert re.search(
+        r"pip install [^\n]*\\\n(?:[^\n]*\\\n)*[^\n]*psycopg2-binary",
+        ROOT.joinpath("docker/airflow.Dockerfile").read_text(),
+    ), "the Airflow image no longer installs psycopg2-binary"
