@@ -134,17 +134,10 @@ def prediction(model_dir: str, overrides: list[str], peak: dict[str, float], mea
 
 def update_floor(model_dir: str, shape: tuple[int, int, int], measured: dict[str, Any]) -> dict[str, float]:
     """The update's GEMM floor at the run's micro-batches (mean lengths), and attention's FLOPs beside it."""
-    from bench_vs_trl import model_shapes
-    from update_breakdown import gemm_floor
+    from update_breakdown import gemm_floor, gemm_shapes
 
     p, n, _ = shape
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    shapes = model_shapes(model_dir)
-    shapes |= {
-        "inter": cfg["intermediate_size"],
-        "vocab": cfg["vocab_size"],
-        "kv_dim": cfg["num_key_value_heads"] * cfg.get("head_dim", shapes["hidden"] // cfg["num_attention_heads"]),
-    }
+    shapes = gemm_shapes(model_dir)
     rows = min(MICRO_ROWS, p * n)
     groups = max(rows / n, 1.0)
     fwd = round(groups * measured["prompt_len"] + rows * measured["response_len"])

@@ -153,6 +153,19 @@ def compile_elementwise(model: Any) -> Any:
     return undo
 
 
+def gemm_shapes(model_dir: str) -> dict[str, int]:
+    """The model's shapes that ``gemm_floor`` reads: ``model_shapes`` plus the MLP width, vocabulary and KV width."""
+    from bench.bench_vs_trl import model_shapes
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    shapes = model_shapes(model_dir)
+    return shapes | {
+        "inter": cfg["intermediate_size"],
+        "vocab": cfg["vocab_size"],
+        "kv_dim": cfg["num_key_value_heads"] * cfg.get("head_dim", shapes["hidden"] // cfg["num_attention_heads"]),
+    }
+
+
 def gemm_floor(shapes: dict[str, int], tokens: list[tuple[int, int]], *, reps: int = 3) -> float:
     """Seconds of the update's GEMMs alone in bf16 at the micro-batches' real shapes (best of ``reps``).
 
@@ -202,7 +215,7 @@ def main() -> None:
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from bench.bench_vs_trl import matmul_peak, model_shapes
+    from bench.bench_vs_trl import matmul_peak
     from rlhf_ops.config.precision import resolve_precision
     from rlhf_ops.config.schema import FSDPConfig, OptimConfig
     from rlhf_ops.models.resolve import resolve_model_path
@@ -244,13 +257,7 @@ def main() -> None:
         name: {phase: statistics.median(r[phase] for r in runs) for phase in runs[0]}
         for name, runs in results["variants"].items()
     }
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    shapes = model_shapes(model_dir)
-    shapes |= {
-        "inter": cfg["intermediate_size"],
-        "vocab": cfg["vocab_size"],
-        "kv_dim": cfg["num_key_value_heads"] * cfg.get("head_dim", shapes["hidden"] // cfg["num_attention_heads"]),
-    }
+    shapes = gemm_shapes(model_dir)
     tokens = []
     for start in range(0, batch["input_ids"].shape[0], micro):
         sl = slice(start, start + micro)
