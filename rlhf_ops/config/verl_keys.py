@@ -80,7 +80,7 @@ def prefetch_depth(value: Any) -> Any:
 def loggers(value: Any) -> Any:
     """verl's loggers to ours: wandb / tensorboard / swanlab / ... become the MLflow tracker, others stay."""
     names = [value] if isinstance(value, str) else list(value)
-    out = [name if name in ("console", "jsonl", "mlflow") else "mlflow" for name in names]
+    out = [name if name in ("console", "jsonl", "mlflow", "prometheus") else "mlflow" for name in names]
     return list(dict.fromkeys(out))
 
 

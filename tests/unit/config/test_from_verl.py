@@ -178,3 +178,15 @@ python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_trainer
     ]
     (problem,) = problems  # $EPOCHS is set nowhere: named, not guessed
     assert str(problem).startswith("trainer.total_epochs: uses a shell variable the script does not set")
+
+
+def test_every_native_logger_survives_an_override_and_verl_trackers_become_mlflow() -> None:
+    """``trainer.logger`` is a verl key too: its value goes through the verl mapping, which must keep ours."""
+    from typing import get_args
+
+    from rlhf_ops.config.section import LoggerName
+
+    native = list(get_args(LoggerName))
+    assert load_config("tiny-cpu", [f"trainer.logger=[{','.join(native)}]"]).trainer.logger == native
+    assert load_config("tiny-cpu", ["trainer.logger=[jsonl,prometheus]"]).trainer.logger == ["jsonl", "prometheus"]
+    assert load_config("tiny-cpu", ["trainer.logger=[console,wandb]"]).trainer.logger == ["console", "mlflow"]
