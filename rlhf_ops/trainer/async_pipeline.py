@@ -149,8 +149,11 @@ class AsyncPipeline:
         stats = self.group.stats()
         busy = sum(s["busy_s"] for s in stats) - sum(s["busy_s"] for s in self._stats)
         idle = sum(s["idle_s"] for s in stats) - sum(s["idle_s"] for s in self._stats)
-        self._stats = stats
         metrics["async/rollout_idle_frac"] = idle / max(busy + idle, 1e-9)
+        metrics["async/rollout_busy_s"] = busy  # generating, over the workers, since the previous step
+        tokens = sum(s.get("tokens", 0.0) for s in stats) - sum(s.get("tokens", 0.0) for s in self._stats)
+        metrics["async/rollout_tokens_per_s"] = tokens / busy if busy > 0 else 0.0
+        self._stats = stats
         metrics["async/partial_cuts"] = sum(s.get("cuts", 0.0) for s in stats)
         for key in ("resume_kept_rows", "resume_regenerated_rows"):
             self.counts[key] = 0  # reported once, on the first step after the resume
@@ -202,6 +205,8 @@ class AsyncPipeline:
     def state_dict(self) -> dict[str, Any]:
         """Every pending batch in order: its generated tensors when finished and ``resume_buffer=keep``, else None."""
         keep = self.config.resume_buffer == "keep"
+        if keep:  # finished parts still with the workers join the buffer now (they would be generated again)
+            self._collect(0.0)
         records = []
         for step in sorted(self._batches):
             b = self._batches[step]

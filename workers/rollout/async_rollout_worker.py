@@ -113,6 +113,7 @@ class AsyncRolloutWorker:
         self._weights: tuple[int, dict[str, Tensor]] | None = None  # the newest pushed, not applied yet
         self._busy_s = self._idle_s = 0.0
         self._cuts = 0  # requests continued under newer weights (partial rollout)
+        self._tokens = 0  # response tokens generated (the rows' model tokens, EOS included)
         self._stopped = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="async-rollout", daemon=True)
@@ -162,10 +163,17 @@ class AsyncRolloutWorker:
         return out
 
     def stats(self) -> dict[str, float]:
-        """Cumulative seconds generating and idle, the version in use, pieces continued under newer weights."""
+        """Cumulative seconds generating and idle, response tokens generated, the version in use, pieces continued
+        under newer weights."""
         with self._cond:
-            busy, idle = self._busy_s, self._idle_s
-            return {"busy_s": busy, "idle_s": idle, "version": float(self.version), "cuts": float(self._cuts)}
+            busy, idle, tokens = self._busy_s, self._idle_s, float(self._tokens)
+            return {
+                "busy_s": busy,
+                "idle_s": idle,
+                "tokens": tokens,
+                "version": float(self.version),
+                "cuts": float(self._cuts),
+            }
 
     def stop(self) -> None:
         with self._cond:
@@ -202,6 +210,7 @@ class AsyncRolloutWorker:
                 out = self._generate(request)
                 with self._cond:
                     self._busy_s += time.perf_counter() - start
+                    self._tokens += int(out.tensors["response_mask"].sum())
                     self._results.append((request.request_id, out))
                     self._cond.notify_all()
         except BaseException as exc:  # reported by the next poll
