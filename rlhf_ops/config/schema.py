@@ -386,6 +386,13 @@ class ResourcesConfig(Section):
         ),
     )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
+    metrics_export_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of the Prometheus endpoint (/metrics) of the local Ray cluster a run starts: "
+        "trainer.logger prometheus (docs/live_metrics.md). None: Ray picks one. A joined cluster keeps its own.",
+    )
     placement_timeout_s: float = Field(
         900.0,
         gt=0.0,

@@ -85,13 +85,18 @@ def _init_ray(address: str | None, config: RunConfig) -> None:
         # The ranks upload their own shards, so they need the store's credentials and endpoint, as this driver
         # has them. A Ray job's runtime env already reaches its workers (adding its keys again would conflict).
         env.update(store_environment())
-    if address:
+    if address and address != "local":
         ray.init(address=address, runtime_env={"env_vars": env})
-    else:  # a local cluster: its worker processes die with this driver, however it dies
+    else:  # a local cluster ("local": always a new one): its worker processes die with this driver, however it dies
         from rlhf_ops.process_reaper import start_run_reaper
 
         start_run_reaper()
-        ray.init(include_dashboard=False, runtime_env={"env_vars": env})
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            _metrics_export_port=config.resources.metrics_export_port,
+            runtime_env={"env_vars": env},
+        )
 
 
 def tool_schemas(cfg: MultiTurnConfig) -> list[dict[str, Any]]:
