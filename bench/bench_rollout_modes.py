@@ -13,6 +13,26 @@ Modes (every one a vLLM engine per rank, 2 FSDP2 ranks, the same prompts, seeds,
 - ``one_step_off``: async + ``trainer.pipeline=one_step_off`` (step k + 1's batch generated while step k trains)
   + ``algorithm.rollout_correction.rollout_is=token``.
 
+Two more modes, by ``--modes``, for the asynchronous trainer (``trainer.pipeline=async``, docs/async_rollout.md):
+
+- ``async_trainer``: a rollout group of its own (one ``AsyncRolloutWorker``, hf engine, partial rollout every 16
+  tokens, 1 CPU and 1 thread) generates into the bounded buffer while the trainer rank (1 CPU, 1 thread) trains;
+  ``max_staleness=1``, token-level rollout IS as one_step_off; its rollout tok/s are the worker's own tokens over
+  its busy seconds (``async/rollout_tokens_per_s``, ``async/rollout_busy_s``);
+- ``sync_hf``: ``sync`` on the hf engine, the same engine as the async trainer's workers.
+
+``--out DIR --reuse`` keeps each mode's rows (``DIR/<mode>/rows.json``) and measures only the modes not there yet:
+one mode per call, so a long comparison need not hold the machine's lock in one piece::
+
+    B="bench/bench_rollout_modes.py --model builtin:smollm2-135m-instruct --steps 8 --out outputs/bench_async --reuse"
+    flock /tmp/rlhf-heavy.lock .venv/bin/python $B --modes sync
+    flock /tmp/rlhf-heavy.lock .venv/bin/python $B --modes sync one_step_off
+    flock /tmp/rlhf-heavy.lock .venv/bin/python $B --modes sync one_step_off async_trainer
+    flock /tmp/rlhf-heavy.lock .venv/bin/python $B --modes sync one_step_off async_trainer sync_hf
+
+The table adds the whole run's wall time over the steps (``wall s``, step 1 included) and the mean reward over
+the steps with its standard error, and prints each mode's reward per step.
+
 Each mode runs ``--steps`` steps through the real entrypoint (``python -m workers.entrypoints.train``) in a
 subprocess; the first step is dropped (engine warm-up; one_step_off's first step is synchronous). Reported per
 mode, means over the remaining steps:
@@ -68,7 +88,21 @@ MODES: dict[str, list[str]] = {
         "trainer.pipeline=one_step_off",
         "algorithm.rollout_correction.rollout_is=token",
     ],
+    # The same generate-then-train loop on the hf engine: the baseline of the async trainer's engine.
+    "sync_hf": ["rollout.engine=hf"],
+    # trainer.pipeline=async: a rollout group of its own (one worker, hf engine, partial rollout), the trainer
+    # rank on the other CPU; lag <= 1 (max_staleness 1), corrected per token like one_step_off.
+    "async_trainer": [
+        "rollout.engine=hf",
+        "trainer.pipeline=async",
+        "trainer.async_rollout.max_staleness=1",
+        "trainer.async_rollout.num_cpus_per_worker=1",
+        "trainer.async_rollout.threads_per_worker=1",
+        "resources.num_cpus_per_worker=1",
+        "algorithm.rollout_correction.rollout_is=token",
+    ],
 }
+DEFAULT_MODES = ["sync", "async", "one_step_off"]
 
 
 def _workload(model: str, steps: int, max_new_tokens: int | None) -> tuple[str, list[str]]:
@@ -93,10 +127,19 @@ def _workload(model: str, steps: int, max_new_tokens: int | None) -> tuple[str, 
     return "smollm2-135m-grpo-cpu", [*common, f"rollout.max_new_tokens={tokens}"]
 
 
-def _run_mode(mode: str, preset: str, overrides: list[str], root: Path, timeout_s: float) -> list[dict[str, Any]]:
+def _run_mode(
+    mode: str, preset: str, overrides: list[str], root: Path, timeout_s: float, reuse: bool
+) -> list[dict[str, Any]]:
     out = root / mode
+    saved = out / "rows.json"
+    if reuse and saved.exists():  # measured by an earlier call with the same --out (one mode per lock hold)
+        print(f"{mode}: rows of an earlier run, {saved}", flush=True)
+        return list(json.loads(saved.read_text()))
+    if out.exists():
+        shutil.rmtree(out)
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "workers.entrypoints.train", "--preset", preset, *overrides, *MODES[mode]]
+    cmd = [sys.executable, "-m", "workers.entrypoints.train", "--preset", preset, "--ray-address", "local"]
+    cmd += [*overrides, *MODES[mode]]
     cmd += [f"trainer.checkpoint_root={out}", "trainer.experiment_name=bench", f"trainer.run_name={mode}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)})
@@ -112,17 +155,33 @@ def _run_mode(mode: str, preset: str, overrides: list[str], root: Path, timeout_
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     for ckpt in run_dir.glob("global_step_*"):  # SmolLM2: ~1.6 GB of model + optimizer shards per mode
         shutil.rmtree(ckpt)
+    saved.write_text(json.dumps(rows))
     print(
         f"{mode}: {len(rows)} steps in {time.perf_counter() - start:.0f} s (with Ray and engine start-up)", flush=True
     )
     return rows
 
 
-def _summary(rows: list[dict[str, Any]], rows_per_step: int) -> dict[str, float]:
+def _rollout_tok_s(steady: list[dict[str, Any]], generated: list[float]) -> float:
+    """Generated tokens over the seconds the engines spent generating them: the training ranks' engines
+    (``timing_s/worker/generate_sequences``), or the async trainer's rollout group (its workers' own token count
+    over their busy seconds, both since the step before)."""
+    if "async/rollout_busy_s" in steady[0]:
+        busy = sum(r["async/rollout_busy_s"] for r in steady)
+        return sum(r["async/rollout_tokens_per_s"] * r["async/rollout_busy_s"] for r in steady) / busy
+    return sum(generated) / sum(r["timing_s/worker/generate_sequences"] for r in steady)
+
+
+def _summary(rows: list[dict[str, Any]], rows_per_step: int) -> dict[str, Any]:
     steady = rows[1:] or rows  # step 1: engine warm-up (one_step_off: generated synchronously)
     generated = [r["response_length/mean"] * rows_per_step for r in steady]
+    rewards = [r["critic/score/mean"] for r in rows]
     return {
-        "rollout_tok_s": sum(generated) / sum(r["timing_s/worker/generate_sequences"] for r in steady),
+        "rollout_tok_s": _rollout_tok_s(steady, generated),
+        "wall_s": sum(r["perf/time_per_step"] for r in rows),
+        "reward_mean": statistics.mean(rewards),
+        "reward_sem": statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0,
+        "rewards": rewards,
         "step_tok_s": sum(generated) / sum(r["perf/time_per_step"] for r in steady),
         "s_per_step": statistics.mean(r["perf/time_per_step"] for r in steady),
         "wait_s": statistics.mean(r["timing_s/gen"] for r in steady),
@@ -329,7 +388,10 @@ def main() -> None:
     parser.add_argument("--model", default=TINY, help=f"{TINY} (default) or builtin:smollm2-135m-instruct / a path")
     parser.add_argument("--steps", type=int, default=6, help="steps per mode (the first is dropped)")
     parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
+    parser.add_argument(
+        "--reuse", action="store_true", help="take a mode's rows from an earlier run under --out (one mode per call)"
+    )
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per mode")
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temp folder)")
     parser.add_argument(
@@ -350,8 +412,10 @@ def main() -> None:
         return
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step is dropped)")
-    if args.modes[0] != "sync":
-        raise SystemExit("--modes must start with sync: the ratios are against it")
+    if args.modes[0] != "sync" and not args.reuse:
+        raise SystemExit(
+            "--modes must start with sync: the ratios are against it (or measure one mode per call, --reuse)"
+        )
     if args.agent_loop:
         _agent_loop_main(args)
         return
@@ -368,17 +432,21 @@ def main() -> None:
         flush=True,
     )
     results = {
-        mode: _summary(_run_mode(mode, preset, overrides, root, args.timeout_s), rows_per_step) for mode in args.modes
+        mode: _summary(_run_mode(mode, preset, overrides, root, args.timeout_s, args.reuse), rows_per_step)
+        for mode in args.modes
     }
-    base = results["sync"]
+    base = results.get("sync") or next(iter(results.values()))  # the ratios are against sync once it is measured
     print(f"{'mode':<14}{'rollout tok/s':>14}{'x sync':>8}{'step tok/s':>12}{'x sync':>8}", end="")
-    print(f"{'s/step':>9}{'wait s':>8}{'lag':>5}")
+    print(f"{'s/step':>9}{'wall s':>8}{'wait s':>8}{'lag':>5}{'reward':>14}")
     for mode, r in results.items():
         print(
             f"{mode:<14}{r['rollout_tok_s']:>14.1f}{r['rollout_tok_s'] / base['rollout_tok_s']:>8.2f}"
             f"{r['step_tok_s']:>12.1f}{r['step_tok_s'] / base['step_tok_s']:>8.2f}{r['s_per_step']:>9.2f}"
-            f"{r['wait_s']:>8.2f}{r['policy_lag']:>5.1f}"
+            f"{r['wall_s']:>8.1f}{r['wait_s']:>8.2f}{r['policy_lag']:>5.1f}"
+            f"{r['reward_mean']:>8.3f}+-{r['reward_sem']:.3f}"
         )
+    for mode, r in results.items():
+        print(f"reward per step, {mode}: {' '.join(f'{x:.3f}' for x in r['rewards'])}")
     (root / "summary.json").write_text(json.dumps(results, indent=2))
     print(f"summary: {root / 'summary.json'}")
 
