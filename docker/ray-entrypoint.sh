@@ -9,11 +9,49 @@
 #                       worker default: Ray detects them from CUDA_VISIBLE_DEVICES / NVML)
 #   RAY_START_ARGS      extra `ray start` flags, split on spaces (e.g. "--num-cpus=32 --resources={\"trainer\":1}")
 #   RAY_AUTH_MODE, RAY_AUTH_TOKEN  read by Ray itself (token authentication of the dashboard, jobs and GCS)
+#   RAY_PREEMPTION_GRACE_S  worker only: seconds a SIGTERM to the container (a node drained or preempted) waits
+#                       for the node's training ranks before stopping Ray (default 30; set it to the runs'
+#                       trainer.preemption_grace_s, and the orchestrator's grace period above it)
+#
+# A worker node passes a SIGTERM on to its Ray worker processes first: a training rank takes it as the run's
+# preemption notice (workers/preemption.py), the trainer checkpoints at the end of the running step and ends the
+# job, which ends the ranks; then (or after RAY_PREEMPTION_GRACE_S) Ray stops and the container exits.
+# `ray-entrypoint.sh drain` does the first part alone (a preStop hook where another launcher runs `ray start`).
 #
 # Any other command (`docker run IMAGE python ...`) is executed as given, so the image also serves one-off jobs.
 set -euo pipefail
 # Files written in shared volumes stay writable for the other containers' users (all in group 0).
 umask 0002
+
+# The node's busy Ray worker processes (Ray names them ray::<class>[.<method>]; idle ones ray::IDLE), this
+# container's only. Idle ones get the SIGTERM too but are not waited for (Ray may start new ones meanwhile).
+ray_workers() { ps -eo pid=,args= | awk '$2 ~ /^ray::/ && $2 != "ray::IDLE" { print $1 }'; }
+
+# SIGTERM to every Ray worker process of this node, then wait up to RAY_PREEMPTION_GRACE_S for the busy ones to end.
+drain_workers() {
+  local grace=${RAY_PREEMPTION_GRACE_S:-30} deadline pids
+  deadline=$((SECONDS + ${grace%.*}))
+  pids=$(ps -eo pid=,args= | awk '$2 ~ /^ray::/ { print $1 }')
+  echo "ray-entrypoint: passing SIGTERM to the node's Ray worker processes ($(echo "$pids" | grep -c .)), then" \
+    "waiting up to ${grace} s for them to end" >&2
+  # shellcheck disable=SC2086  # one pid per word
+  [ -z "$pids" ] || kill -TERM $pids 2>/dev/null || true
+  while [ -n "$(ray_workers)" ] && [ $SECONDS -lt "$deadline" ]; do sleep 0.5; done
+  echo "ray-entrypoint: $(ray_workers | grep -c .) busy Ray worker process(es) left" >&2
+}
+
+drain_then_stop() {
+  trap '' TERM INT
+  drain_workers
+  kill -TERM "$ray_pid" 2>/dev/null || true
+}
+
+# `ray-entrypoint.sh drain`: the drain alone, for a node whose `ray start` another launcher runs (a Kubernetes
+# preStop hook under KubeRay: the pod's SIGTERM follows once the hook returns).
+if [[ "${1:-}" == drain ]]; then
+  drain_workers
+  exit 0
+fi
 
 if [[ $# -gt 0 ]]; then
   exec "$@"
@@ -34,9 +72,15 @@ case "${RAY_NODE_TYPE:-head}" in
     if [[ -n "${RAY_NUM_GPUS:-}" ]]; then
       gpus=(--num-gpus="${RAY_NUM_GPUS}")
     fi
-    exec ray start --block --disable-usage-stats \
+    ray start --block --disable-usage-stats \
       --address="${RAY_HEAD_ADDRESS:?set RAY_HEAD_ADDRESS to the head GCS address, e.g. ray-head:6379}" \
-      "${gpus[@]}" "${extra[@]}"
+      "${gpus[@]}" "${extra[@]}" &
+    ray_pid=$!
+    trap 'drain_then_stop' TERM INT
+    # `wait` returns early when a trapped signal arrives; keep waiting while Ray runs.
+    rc=0
+    while kill -0 "$ray_pid" 2>/dev/null; do wait "$ray_pid" && rc=0 || rc=$?; done
+    exit "$rc"
     ;;
   *)
     echo "ray-entrypoint: RAY_NODE_TYPE must be 'head' or 'worker', got '${RAY_NODE_TYPE}'" >&2

@@ -71,6 +71,10 @@ class SaveSchedule:
         self.saved_step = step
 
 
+# A remote notice: what received it (e.g. "SIGTERM to rank 1 of ... on node 10.0.0.3") and when (epoch seconds).
+NoticePoll = Callable[[], "tuple[str, float] | None"]
+
+
 class PreemptionNotice:
     """SIGTERM as a preemption notice with ``grace_s`` seconds to act on it.
 
@@ -78,6 +82,11 @@ class PreemptionNotice:
     starts the hard stop: if the process is still running ``grace_s`` seconds later it says so and exits with
     ``EXIT_PREEMPTED`` without a new checkpoint (the run resumes from the previous one). Install it from the
     main thread (Python delivers signals there).
+
+    A notice may also reach another process of the run (a worker rank on a node being drained): :meth:`watch`
+    adds a poll that reports such notices; :meth:`check` (the loop calls it at each safe point, and a daemon
+    thread every ``interval_s``) turns the first one into this notice, with the hard stop counted from when the
+    other process received it.
     """
 
     def __init__(self, grace_s: float, *, exit_fn: Callable[[int], object] = os._exit) -> None:
@@ -88,6 +97,10 @@ class PreemptionNotice:
         self._exit = exit_fn
         self._timer: threading.Timer | None = None
         self._previous: Any = None
+        self.source = "SIGTERM"  # what received the notice (a remote one names its process and node)
+        self._polls: list[NoticePoll] = []
+        self._lock = threading.RLock()  # SIGTERM may arrive while check() notifies
+        self._watching = threading.Event()
 
     @property
     def received(self) -> bool:
@@ -105,7 +118,8 @@ class PreemptionNotice:
         return self
 
     def uninstall(self) -> None:
-        """Back to the previous SIGTERM handler; a pending hard stop is cancelled."""
+        """Back to the previous SIGTERM handler; a pending hard stop is cancelled, watching stops."""
+        self._watching.clear()
         if self._timer is not None:
             self._timer.cancel()
         if self._previous is not None:
@@ -117,17 +131,51 @@ class PreemptionNotice:
             return
         self.notify()
 
-    def notify(self) -> None:
-        """Record a notice now (what SIGTERM does) and start the hard stop."""
-        self.received_at = time.monotonic()
+    def notify(self, source: str = "SIGTERM", *, age_s: float = 0.0) -> None:
+        """Record a notice (what SIGTERM does) that ``source`` received ``age_s`` seconds ago; start the hard stop.
+        A notice after the first changes nothing."""
+        with self._lock:
+            if self.received:
+                return
+            age_s = min(max(age_s, 0.0), self.grace_s)
+            self.received_at, self.source = time.monotonic() - age_s, source
         log.warning(
-            "preemption notice (SIGTERM): checkpointing at the end of this step, within "
-            "trainer.preemption_grace_s=%g s",
+            "preemption notice (%s): checkpointing at the end of this step, within trainer.preemption_grace_s=%g s",
+            source if not age_s else f"{source}, {age_s:.1f} s ago",
             self.grace_s,
         )
-        self._timer = threading.Timer(self.grace_s, self._expire)
+        self._timer = threading.Timer(self.grace_s - age_s, self._expire)
         self._timer.daemon = True
         self._timer.start()
+
+    def watch(self, poll: NoticePoll, *, interval_s: float = 0.5) -> PreemptionNotice:
+        """Also take notices that ``poll`` reports (``(source, epoch seconds received)`` or None), checked by
+        :meth:`check` and, until :meth:`uninstall`, by a daemon thread every ``interval_s``; returns self."""
+        self._polls.append(poll)
+        if not self._watching.is_set():
+            self._watching.set()
+            thread = threading.Thread(target=self._watch, args=(interval_s,), name="preemption-watch", daemon=True)
+            thread.start()
+        return self
+
+    def check(self) -> bool:
+        """Poll the watched sources once (a notice found becomes this one); whether a notice was received."""
+        for poll in list(self._polls) if not self.received else []:
+            try:
+                found = poll()
+            except Exception as exc:  # a poll that cannot reach its source must not stop training
+                log.debug("preemption notice poll failed: %s", exc)
+                continue
+            if found is not None:
+                source, at = found
+                self.notify(source, age_s=time.time() - at)
+                break
+        return self.received
+
+    def _watch(self, interval_s: float) -> None:
+        while self._watching.is_set() and not self.received:
+            self.check()
+            time.sleep(interval_s)
 
     def _expire(self) -> None:
         last = f"step {self.committed_step}" if self.committed_step is not None else "none"
@@ -136,7 +184,8 @@ class PreemptionNotice:
             self._exit(EXIT_PREEMPTED)
             return
         print(
-            f"{PREEMPTED_MARKER}: could not checkpoint within trainer.preemption_grace_s={self.grace_s:g} s; "
+            f"{PREEMPTED_MARKER}: could not checkpoint within trainer.preemption_grace_s={self.grace_s:g} s "
+            f"of the notice ({self.source}); "
             f"stopping now, the run resumes from its last checkpoint ({last}). Fix: raise "
             "trainer.preemption_grace_s above one step plus one save, or set trainer.save_every_s",
             flush=True,

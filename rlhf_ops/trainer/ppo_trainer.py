@@ -436,7 +436,7 @@ class PPOTrainer:
     def _stop_if_preempted(self, schedule: SaveSchedule) -> None:
         """At a safe point (between steps): after a preemption notice, checkpoint the last step (unless it is
         saved already), wait for its upload, and raise :class:`Preempted`."""
-        if self.preemption is None or not self.preemption.received:
+        if self.preemption is None or not self.preemption.check():  # check(): notices other processes received
             return
         step = self.state.global_step
         if self.checkpointer is not None:
@@ -447,7 +447,8 @@ class PPOTrainer:
         committed = schedule.saved_step
         raise Preempted(
             f"preempted at step {step} of {self.total_steps}: checkpoint of step {committed} committed "
-            f"{self.preemption.elapsed_s():.1f} s after the notice (grace {self.preemption.grace_s:g} s); "
+            f"{self.preemption.elapsed_s():.1f} s after the notice ({self.preemption.source}; grace "
+            f"{self.preemption.grace_s:g} s); "
             "resubmit the same command to resume",
             committed_step=committed,
         )

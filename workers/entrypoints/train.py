@@ -22,6 +22,7 @@ from rlhf_ops.config.loader import dump_config
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.pipeline.preflight import checked_config, print_problems
 from rlhf_ops.trainer import determinism
+from workers.preemption import GRACE_ENV, watch_rank_notices
 
 log = logging.getLogger("workers.entrypoints.train")
 
@@ -66,6 +67,7 @@ def worker_env(config: RunConfig) -> dict[str, str]:
     for key in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         env[key] = os.environ.get(key, _ONEDNN_CACHE_CAPACITY)
     env.update(determinism.worker_env(config.trainer.deterministic))
+    env[GRACE_ENV] = f"{config.trainer.preemption_grace_s:g}"  # a SIGTERM to a rank is the run's notice too
     return env
 
 
@@ -200,6 +202,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
     (run_dir / "resolved_config.yaml").write_text(dump_config(config))
     _init_ray(ray_address or config.resources.ray_address, config)
     preemption.install()  # again: ray.init replaced it with Ray's fatal-signal handler (which aborts)
+    watch_rank_notices(preemption)  # and a SIGTERM to one of the ranks (its node drained) is a notice too
     groups = launch_role_groups(
         config,
         plan,

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_ops.trainer import determinism
+from workers.preemption import install_rank_handler
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.dispatch import DPRankInfo, sequence_parallel_rank_info
 
@@ -129,6 +130,9 @@ class Worker:
         # Each Ray actor owns its process, so setting the environment does not leak into other ranks.
         os.environ.update({k: str(v) for k, v in env.items()})
         determinism.apply_from_env()  # trainer.deterministic: before the worker builds anything
+        # A training run's rank (RLHF_PREEMPTION_GRACE_S set): a SIGTERM to it, as when its node is drained, becomes
+        # the run's preemption notice instead of killing it (workers/preemption.py).
+        install_rank_handler(f"rank {self.ctx.rank} of {type(self).__name__} on node {get_node_ip()}")
 
     @property
     def rank(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,69 @@ def test_a_hard_stop_after_the_checkpoint_says_the_checkpoint_is_committed(capsy
     assert exits == [EXIT_PREEMPTED]
     out = capsys.readouterr().out
     assert "rlhf: preempted: grace period over during shutdown; checkpoint step 2 is committed" in out
+
+
+class RankNoticeAt:
+    """A logger that makes the watched poll report a notice received by a rank when step ``at`` is logged, as
+    ``workers/preemption.py`` publishes one (the poll finds it at the next safe point; no signal to this process)."""
+
+    def __init__(self, inner: Any, at: int, found: list[tuple[str, float]], age_s: float) -> None:
+        self.inner, self.at, self.found, self.age_s = inner, at, found, age_s
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        self.inner.log_metrics(metrics, step=step)
+        if step == self.at:
+            self.found.append(("SIGTERM to rank 1 of W on node 10.0.0.3 (pid 7)", time.time() - self.age_s))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_notice_a_rank_received_checkpoints_that_step_and_names_the_rank(tmp_path: Path) -> None:
+    exits: list[int] = []
+    found: list[tuple[str, float]] = []
+    notice = PreemptionNotice(60.0, exit_fn=exits.append)
+    notice.watch(lambda: found[0] if found else None, interval_s=3600)  # only the loop's own check() finds it
+    try:
+        trainer, actor = _trainer(tmp_path, [])
+        trainer.checkpointer = checkpointer = RecordingCheckpointer()
+        trainer.preemption = notice
+        trainer.logger = RankNoticeAt(trainer.logger, at=1, found=found, age_s=5.0)
+        match = r"step 1 of 3: checkpoint of step 1 committed 5\.\d s after the notice \(SIGTERM to rank 1"
+        with pytest.raises(Preempted, match=match):
+            trainer.fit()
+    finally:
+        notice.uninstall()
+    assert checkpointer.saved == [1] and len(actor.calls_to("generate_sequences")) == 1
+    assert notice._timer is not None
+    notice._timer.join(5)
+    assert exits == []  # the hard stop was cancelled by uninstall
+
+
+def test_a_remote_notice_starts_the_hard_stop_when_the_rank_got_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # grace 2 s, the rank received it 1.9 s ago: the hard stop is 0.1 s away, not 2 s.
+    exits: list[int] = []
+    notice = PreemptionNotice(2.0, exit_fn=exits.append)
+    notice.watch(lambda: ("SIGTERM to rank 0 of W on node n1 (pid 9)", time.time() - 1.9), interval_s=0.01)
+    deadline = time.monotonic() + 5
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exits == [EXIT_PREEMPTED] and 1.85 <= notice.elapsed_s() < 3.0
+    out = capsys.readouterr().out
+    assert "could not checkpoint within trainer.preemption_grace_s=2 s of the notice (SIGTERM to rank 0 of W" in out
+    notice.uninstall()
+
+
+def test_a_poll_that_fails_is_ignored_and_a_second_notice_changes_nothing() -> None:
+    notice = PreemptionNotice(60.0, exit_fn=lambda code: None)
+
+    def broken() -> tuple[str, float] | None:
+        raise ConnectionError("GCS unreachable")
+
+    notice._polls.append(broken)  # polled by check() only (no watching thread)
+    assert notice.check() is False
+    notice.notify("first")
+    received = notice.received_at
+    notice.notify("second", age_s=10.0)
+    assert (notice.source, notice.received_at) == ("first", received)
+    notice.uninstall()
