@@ -1,7 +1,8 @@
 """A preemption notice that reaches a worker rank rather than the driver: a node being drained (a spot reclaim, a
 Kubernetes eviction) sends SIGTERM to the processes on it, and the ranks of a multi-node run are there.
 
-A rank does not die on it. Its handler publishes the notice in the cluster's key-value store (the GCS), under its
+A rank does not die on it (unless Ray itself is stopping the actor: its raylet sends a SIGTERM too). Its handler
+publishes the notice in the cluster's key-value store (the GCS), under its
 job's key, and the rank carries on; the driver watches that key (:func:`watch_rank_notices`, a poll of
 :class:`~rlhf_ops.trainer.faults.PreemptionNotice`) and treats the first notice as its own: the controller
 checkpoints at the end of the running step (every rank, the noticed one included, takes part), waits for the
@@ -56,6 +57,8 @@ class _RankHandler:
             import ray
             from ray.experimental import internal_kv
 
+            if _stopped_by_ray():  # Ray itself ends this actor (ray.kill, the job's end): no notice, exit as Ray's
+                os._exit(1)  # handler would (the raylet's SIGKILL follows in a few seconds anyway)
             job = ray.get_runtime_context().get_job_id()
             value = json.dumps({"source": source, "at": at}).encode()
             internal_kv._internal_kv_put(_key(job), value, overwrite=False, namespace=_NAMESPACE)
@@ -68,6 +71,16 @@ class _RankHandler:
             flush=True,
         )
         os._exit(EXIT_PREEMPTED)
+
+
+def _stopped_by_ray() -> bool:
+    """Whether the GCS already lists this actor as dead: Ray marks an actor dead before its raylet sends the
+    process a SIGTERM (then a SIGKILL 5 s later) to stop it, which must not read as a preemption notice."""
+    import ray
+    from ray._private import state
+
+    actor = ray.get_runtime_context().get_actor_id()
+    return actor is not None and state.actors(actor_id=actor).get("State") == "DEAD"
 
 
 def install_rank_handler(what: str) -> bool:

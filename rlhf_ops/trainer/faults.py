@@ -119,7 +119,7 @@ class PreemptionNotice:
 
     def uninstall(self) -> None:
         """Back to the previous SIGTERM handler; a pending hard stop is cancelled, watching stops."""
-        self._watching.clear()
+        self.stop_watching()
         if self._timer is not None:
             self._timer.cancel()
         if self._previous is not None:
@@ -158,6 +158,12 @@ class PreemptionNotice:
             thread.start()
         return self
 
+    def stop_watching(self) -> None:
+        """Take no more notices from the watched sources (the loop is over: ranks stopped by Ray as the run ends
+        must not read as a notice)."""
+        self._polls.clear()
+        self._watching.clear()
+
     def check(self) -> bool:
         """Poll the watched sources once (a notice found becomes this one); whether a notice was received."""
         for poll in list(self._polls) if not self.received else []:
@@ -166,7 +172,7 @@ class PreemptionNotice:
             except Exception as exc:  # a poll that cannot reach its source must not stop training
                 log.debug("preemption notice poll failed: %s", exc)
                 continue
-            if found is not None:
+            if found is not None and self._watching.is_set():  # (stop_watching may have come meanwhile)
                 source, at = found
                 self.notify(source, age_s=time.time() - at)
                 break

@@ -280,6 +280,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             print(f"rlhf: early stop at step {outcome['step']} of {outcome['total_steps']}: {outcome['reason']}")
         return state
     finally:
+        preemption.stop_watching()  # the ranks Ray stops from here on get a SIGTERM too: no notice
         logger.close()
         if async_group is not None:
             async_group.shutdown()

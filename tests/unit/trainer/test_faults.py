@@ -232,3 +232,15 @@ def test_a_poll_that_fails_is_ignored_and_a_second_notice_changes_nothing() -> N
     notice.notify("second", age_s=10.0)
     assert (notice.source, notice.received_at) == ("first", received)
     notice.uninstall()
+
+
+def test_after_stop_watching_a_rank_notice_is_not_taken() -> None:
+    # The run is over: ranks that Ray stops get a SIGTERM as well, which must not become a notice.
+    notice = PreemptionNotice(60.0, exit_fn=lambda code: None)
+    found: list[tuple[str, float]] = []
+    notice.watch(lambda: found[0] if found else None, interval_s=0.01)
+    notice.stop_watching()
+    found.append(("SIGTERM to rank 0 of W on node n1 (pid 9)", time.time()))
+    time.sleep(0.05)  # the watching thread, had it gone on, would have taken it by now
+    assert notice.check() is False and not notice.received
+    notice.uninstall()
