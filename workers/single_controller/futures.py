@@ -47,22 +47,29 @@ class WorkerGroupError(RuntimeError):
         cause: BaseException | None,
         failed_ranks: dict[int, BaseException] | None = None,
         detail: str = "",
+        location: tuple[str, int | None] | None = None,
     ) -> None:
         self.role, self.rank, self.method, self.cause = role, rank, method, cause
         self.failed_ranks = dict(failed_ranks or {})
+        self.location = location
         where = f"rank {rank}" if rank is not None else "worker group"
         text = detail or (f"{type(cause).__name__}: {cause}" if cause is not None else "failed")
         text = _ANSI.sub("", text)  # Ray colours its tracebacks; logs and Airflow UIs show raw escapes
-        if rank is not None and isinstance(cause, RayActorError) and (node := _NODE.search(text)):
-            pid = _PID.search(text)  # the node whose process died (a preempted or lost node), on the first line
-            where += f" on node {node.group(1)}" + (f" (pid {pid.group(1)})" if pid else "")
+        if rank is not None and isinstance(cause, RayActorError):
+            # The node whose process died (a preempted or lost node), on the first line: from Ray's text
+            # (ActorDiedError names it) or, where the text does not (ActorUnavailableError), from the GCS.
+            node, pid = (m.group(1) if (m := _NODE.search(text)) else None), _PID.search(text)
+            found = (node, pid.group(1) if pid else None) if node else location
+            if found is not None:
+                where += f" on node {found[0]}" + (f" (pid {found[1]})" if found[1] else "")
         self._text = text
         others = sorted(set(self.failed_ranks) - {rank})
         also = f" (ranks {others} failed too)" if others else ""
         super().__init__(f"[{role}] {where} failed in {method}(){also}: {text}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.role, self.rank, self.method, self.cause, self.failed_ranks, self._text))
+        args = (self.role, self.rank, self.method, self.cause, self.failed_ranks, self._text, self.location)
+        return (type(self), args)
 
 
 @dataclass(kw_only=True)
@@ -211,7 +218,29 @@ def _raise_failure(
     call.abort()
     failures = {rank: v.error for rank, v in call.values.items() if isinstance(v, _Failure)}
     rank = root_cause_rank(failures)
-    raise WorkerGroupError(call.role, rank, call.method, failures[rank], failures) from failures[rank]
+    location = actor_location(failures[rank])
+    raise WorkerGroupError(call.role, rank, call.method, failures[rank], failures, location=location) from failures[
+        rank
+    ]
+
+
+def actor_location(error: BaseException) -> tuple[str, int | None] | None:
+    """``(node IP, pid)`` of the actor a ``RayActorError`` is about, from the GCS (None: not one, or unknown).
+
+    ``ActorUnavailableError`` (the connection to the actor's process broke: its node was lost) does not name the
+    node the way ``ActorDiedError`` does; the GCS still has the actor's address.
+    """
+    actor_id = getattr(error, "actor_id", None) if isinstance(error, RayActorError) else None
+    if not actor_id or _NODE.search(str(error)):
+        return None
+    try:
+        from ray._private import state
+
+        info = state.actors(actor_id=actor_id)
+    except Exception:  # the GCS is unreachable too: the message goes without the node
+        return None
+    ip = (info.get("Address") or {}).get("IPAddress")
+    return (str(ip), int(info["Pid"]) if info.get("Pid") else None) if ip else None
 
 
 def root_cause_rank(failures: dict[int, BaseException]) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ray.exceptions import ActorDiedError, OutOfMemoryError, RayTaskError
+from ray.exceptions import ActorDiedError, OutOfMemoryError, RayActorError, RayTaskError
 
 from workers.single_controller.futures import root_cause_rank
 
@@ -40,3 +40,22 @@ def test_a_dead_rank_s_error_names_its_node_and_pid_on_the_first_line() -> None:
     )
     raised = WorkerGroupError("critic", 0, "update", RayTaskError("update", "Traceback...", ValueError("bad")))
     assert str(raised).startswith("[critic] rank 0 failed in update()")  # a raised error: no node added
+
+
+def test_a_lost_node_s_unavailable_actor_is_named_with_the_node_the_gcs_gives() -> None:
+    # A node container SIGKILLed: the driver's connection to the rank resets, and Ray raises ActorUnavailableError,
+    # whose text names no node; the location comes from the GCS (actor_location) and survives pickling.
+    import pickle
+
+    from ray.exceptions import ActorUnavailableError
+
+    from workers.single_controller.futures import WorkerGroupError, actor_location
+
+    lost = ActorUnavailableError("RpcError: recvmsg:Connection reset by peer", b"\x01" * 16)
+    err = WorkerGroupError("actor_rollout_ref", 1, "update_actor", lost, {1: lost}, location=("10.89.0.5", 131))
+    first = str(err).splitlines()[0]
+    assert first.startswith("[actor_rollout_ref] rank 1 on node 10.89.0.5 (pid 131) failed in update_actor(): ")
+    assert str(pickle.loads(pickle.dumps(err))).splitlines()[0] == first
+    assert actor_location(ValueError("not an actor error")) is None
+    named = RayActorError(actor_id="ab" * 16, error_msg="The actor died.\n\tpid: 7\n\tip: 10.0.0.1")
+    assert actor_location(named) is None  # Ray's text names the node already: no GCS call
