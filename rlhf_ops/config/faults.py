@@ -25,9 +25,10 @@ class FaultToleranceKeys(Section):
     preemption_grace_s: float = Field(
         30.0,
         gt=0.0,
-        description="Seconds between a SIGTERM to the driver (a preemption notice) and the hard stop: the trainer "
-        "checkpoints at the end of the running step and exits as preempted (exit code 75); if the step and the "
-        "save cannot end within it, it says so and exits without the checkpoint.",
+        description="Seconds between a preemption notice (a SIGTERM to the driver, or to one of the run's ranks as "
+        "when its node is drained) and the hard stop: the trainer checkpoints at the end of the running step and "
+        "exits as preempted (exit code 75); if the step and the save cannot end within it, it says so and exits "
+        "without the checkpoint.",
     )
     rollout_watchdog_s: float | None = Field(
         None,

@@ -3,7 +3,8 @@
 ``docker/airflow-entrypoint.sh`` must hand every Airflow subcommand to ``airflow`` -- ``celery worker`` included,
 although ``celery`` is also a program on PATH (Celery's own CLI, which rejects ``--celery-hostname``: the first
 stack run failed that way) -- and run ``bash`` / ``python`` / absolute paths as given.
-``docker/ray-entrypoint.sh`` builds the ``ray start`` command line of a head or a worker node.
+``docker/ray-entrypoint.sh`` builds the ``ray start`` command line of a head or a worker node, and a worker node passes
+a SIGTERM on to its ranks before it stops Ray.
 """
 
 from __future__ import annotations
@@ -81,3 +82,47 @@ def test_ray_entrypoint_rejects_an_unknown_node_type(stubs: Path) -> None:
 def test_entrypoints_are_executable() -> None:
     for script in ("airflow-entrypoint.sh", "ray-entrypoint.sh", "airflow-init.sh"):
         assert os.access(ROOT / "docker" / script, os.X_OK), script
+
+
+@pytest.mark.parametrize("rank_ends", [True, False])
+def test_a_worker_node_passes_sigterm_to_its_ranks_then_stops_ray(tmp_path: Path, rank_ends: bool) -> None:
+    # A node drained with notice: SIGTERM to the entrypoint reaches the node's rank first; Ray stops once the rank
+    # has ended (the run checkpointed and ended the job), or when RAY_PREEMPTION_GRACE_S is over. The stub `ps`
+    # lists only this test's own stand-in rank, so no other process of the machine is ever signalled.
+    import signal
+    import time
+
+    got = tmp_path / "rank-got-sigterm"
+    on_term = f"echo term > {got}; " + ("exit 0" if rank_ends else "")
+    rank = subprocess.Popen(["bash", "-c", f"trap '{on_term}' TERM; while true; do sleep 0.05; done"])
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    alive = f"grep -qv ') Z' /proc/{rank.pid}/stat 2>/dev/null"  # (an ended rank stays a zombie of this test)
+    (stubs / "ps").write_text(f"#!/bin/sh\n{alive} && echo '{rank.pid} ray::Worker.update'\n")
+    (stubs / "ray").write_text(f"#!/bin/sh\necho started > {tmp_path / 'ray-started'}\nexec sleep 60\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RAY_NODE_TYPE": "worker", "RAY_HEAD_ADDRESS": "h:1"}
+    node = subprocess.Popen(
+        ["/bin/bash", str(ROOT / "docker" / "ray-entrypoint.sh")],
+        env={**env, "RAY_PREEMPTION_GRACE_S": "3"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "ray-started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        start = time.monotonic()
+        node.send_signal(signal.SIGTERM)
+        _, err = node.communicate(timeout=20)
+        seconds = time.monotonic() - start
+    finally:
+        rank.kill()
+        node.kill()
+    assert got.read_text().strip() == "term"  # the rank got the notice
+    assert "passing SIGTERM to the node's Ray worker processes (1)" in err
+    if rank_ends:
+        assert "0 busy Ray worker process(es) left" in err and seconds < 2.5, (seconds, err)
+    else:  # a rank that does not end: Ray is stopped when the grace period is over
+        assert "1 busy Ray worker process(es) left" in err and 2.5 < seconds < 10, (seconds, err)
