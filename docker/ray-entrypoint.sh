@@ -23,15 +23,18 @@ set -euo pipefail
 # Files written in shared volumes stay writable for the other containers' users (all in group 0).
 umask 0002
 
-# The node's busy Ray worker processes (Ray names them ray::<class>[.<method>]; idle ones ray::IDLE), this
-# container's only. Idle ones get the SIGTERM too but are not waited for (Ray may start new ones meanwhile).
-ray_workers() { ps -eo pid=,args= | awk '$2 ~ /^ray::/ && $2 != "ray::IDLE" { print $1 }'; }
+# The node's Ray worker processes, this container's only: Ray names them ray::<class>[.<method>] (idle ones
+# ray::IDLE), and its own agents ray::DashboardAgent and ray::RuntimeEnvAgent, which are left alone (the raylet
+# stops when one of them dies). Idle workers get the SIGTERM too but are not waited for (Ray may start new ones).
+worker_pids() { ps -eo pid=,args= | awk -v idle="$1" '$2 ~ /^ray::/ && $2 !~ /^ray::[A-Za-z]*Agent$/ \
+  && (idle || $2 != "ray::IDLE") { print $1 }'; }
+ray_workers() { worker_pids 0; }
 
 # SIGTERM to every Ray worker process of this node, then wait up to RAY_PREEMPTION_GRACE_S for the busy ones to end.
 drain_workers() {
   local grace=${RAY_PREEMPTION_GRACE_S:-30} deadline pids
   deadline=$((SECONDS + ${grace%.*}))
-  pids=$(ps -eo pid=,args= | awk '$2 ~ /^ray::/ { print $1 }')
+  pids=$(worker_pids 1)
   echo "ray-entrypoint: passing SIGTERM to the node's Ray worker processes ($(echo "$pids" | grep -c .)), then" \
     "waiting up to ${grace} s for them to end" >&2
   # shellcheck disable=SC2086  # one pid per word

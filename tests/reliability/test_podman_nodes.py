@@ -163,7 +163,7 @@ def _run_nodes(logs: str, c: PodmanCluster) -> dict[int, str]:
     node_of = {int(rank): node.strip() for rank, node in (pair.split(":", 1) for pair in placed.group(1).split(","))}
     rows = c.api("/api/v0/nodes?limit=100&detail=true")["data"]["result"]["result"]
     ip_of = {row["node_id"]: row["node_ip"] for row in rows}
-    container_of = {c.ip(name): name for name in c.nodes}
+    container_of = {c.ip(name): name for name in c.nodes if c.running(name)}  # (a lost node has no address)
     return {rank: container_of[ip_of[node]] for rank, node in node_of.items()}
 
 

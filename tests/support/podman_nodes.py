@@ -124,7 +124,7 @@ class PodmanCluster:
 
     def ip(self, name: str) -> str:
         out = podman("inspect", "--format", "{{json .NetworkSettings.Networks}}", name).stdout
-        return str(json.loads(out)[self.name]["IPAddress"])
+        return str((json.loads(out) or {}).get(self.name, {}).get("IPAddress", ""))
 
     def running(self, name: str) -> bool:
         out = podman("inspect", "--format", "{{.State.Status}}", name, check=False).stdout.strip()
@@ -145,7 +145,9 @@ class PodmanCluster:
         found = []
         for line in self.processes(name):
             args = line.split(None, 1)[1] if " " in line else ""
-            rank = args.startswith("ray::") and not args.startswith(("ray::IDLE", "ray::JobSupervisor"))
+            name = args.split(None, 1)[0] if args else ""
+            ray_own = name in ("ray::IDLE", "ray::JobSupervisor") or name.endswith("Agent")  # Ray's, not the run's
+            rank = name.startswith("ray::") and not ray_own
             if rank or "workers.entrypoints.train" in args:
                 found.append(line)
         return found

@@ -97,8 +97,10 @@ def test_a_worker_node_passes_sigterm_to_its_ranks_then_stops_ray(tmp_path: Path
     rank = subprocess.Popen(["bash", "-c", f"trap '{on_term}' TERM; while true; do sleep 0.05; done"])
     stubs = tmp_path / "stubs"
     stubs.mkdir()
+    agent = subprocess.Popen(["sleep", "60"])  # stands for Ray's own ray::DashboardAgent: never signalled
     alive = f"grep -qv ') Z' /proc/{rank.pid}/stat 2>/dev/null"  # (an ended rank stays a zombie of this test)
-    (stubs / "ps").write_text(f"#!/bin/sh\n{alive} && echo '{rank.pid} ray::Worker.update'\n")
+    listing = f"echo '{agent.pid} ray::DashboardAgent'\n{alive} && echo '{rank.pid} ray::Worker.update'\n"
+    (stubs / "ps").write_text(f"#!/bin/sh\n{listing}")
     (stubs / "ray").write_text(f"#!/bin/sh\necho started > {tmp_path / 'ray-started'}\nexec sleep 60\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
@@ -117,10 +119,12 @@ def test_a_worker_node_passes_sigterm_to_its_ranks_then_stops_ray(tmp_path: Path
         node.send_signal(signal.SIGTERM)
         _, err = node.communicate(timeout=20)
         seconds = time.monotonic() - start
+        agent_alive = agent.poll() is None
     finally:
         rank.kill()
         node.kill()
-    assert got.read_text().strip() == "term"  # the rank got the notice
+        agent.kill()
+    assert got.read_text().strip() == "term" and agent_alive  # the rank got the notice, Ray's agent nothing
     assert "passing SIGTERM to the node's Ray worker processes (1)" in err
     if rank_ends:
         assert "0 busy Ray worker process(es) left" in err and seconds < 2.5, (seconds, err)
