@@ -15,7 +15,7 @@ only store they share. ``rlhf train`` (the tiny model, ``resources.nnodes=2`` x 
   on another pair (the survivor and a fresh node) resumes with no step lost or repeated.
 
 Every resumed history's metrics equal the uninterrupted run's at every step (within 1e-5; the sample ledger's
-counts exactly). About 9 minutes on 2 shared cores with the images built; skipped without podman or the images.
+counts exactly). About 2.5 minutes on 2 shared cores with the images built; skipped without podman or the images.
 """
 
 from __future__ import annotations
