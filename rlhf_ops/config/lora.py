@@ -8,6 +8,14 @@ from pydantic import Field
 
 from rlhf_ops.config.section import Section
 
+LoraSync = Literal["auto", "adapter", "merged"]
+LORA_SYNC_DOC = (
+    "How a LoRA policy reaches the rollout engine before each rollout. 'adapter': the adapters only "
+    "(PEFT format, vLLM's LoRA: the engine serves the base from model.path plus a new adapter per policy "
+    "version); 'merged': every weight with W + scale * B @ A folded in; 'auto': 'adapter' with model.lora.rank > 0, "
+    "rollout.engine=vllm and rollout.mode=sync, else 'merged' (verl sends the adapter when lora_rank > 0)."
+)
+
 
 class LoraConfig(Section):
     """PEFT LoRA adapters on the actor. ``rank=0`` disables LoRA (full fine-tuning)."""

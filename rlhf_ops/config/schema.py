@@ -15,6 +15,7 @@ from pydantic import Field
 
 from rlhf_ops.config.async_trainer import ASYNC_DOC, PIPELINE_DOC, AsyncRolloutConfig
 from rlhf_ops.config.faults import FaultToleranceKeys
+from rlhf_ops.config.lora import LORA_SYNC_DOC, LoraSync
 from rlhf_ops.config.lora import LoraConfig as LoraConfig
 from rlhf_ops.config.multi_turn import MultiTurnConfig
 from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
@@ -329,6 +330,7 @@ class RolloutConfig(Section):
         "rollout and rebuilt by the next weight sync (which then always runs).",
     )
     weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
+    lora_sync: LoraSync = Field("auto", description=LORA_SYNC_DOC)
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
 

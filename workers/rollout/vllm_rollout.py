@@ -13,7 +13,9 @@ How it runs (verl's SPMD vLLM rollout):
   (ranks ``[k * tp, (k + 1) * tp)``), every rank of a group generates the same batch (gathered here) and
   keeps its own rows. All ranks of a TP group must use the same ``seed``.
 - Weights: CPU reloads them in place (``Worker.reload_weights``: the CPU backend repacks linear weights,
-  so a plain ``load_weights`` would write the wrong layout); GPU calls the model's ``load_weights``.
+  so a plain ``load_weights`` would write the wrong layout); GPU calls the model's ``load_weights``. With
+  ``lora_rank`` > 0 the engine serves LoRA adapters instead: :meth:`update_adapter` sends the adapter alone
+  (:mod:`workers.rollout.vllm_lora`).
 - Memory: on GPU with ``free_cache_engine``, :meth:`release` puts the engine to sleep (level 1: weights
   offloaded to host memory, KV cache discarded) and :meth:`resume` wakes it. vLLM has no sleep mode on
   CPU; there ``free_cache_engine`` frees the packed GEMM weights and the KV cache instead
@@ -32,7 +34,7 @@ import contextlib
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -44,6 +46,7 @@ from rlhf_ops.padding import get_response_mask
 from rlhf_ops.protocol import DataProto
 from workers.rollout.base import EngineContext, LogprobsMode, SamplingParams, build_rollout_output, prompt_tensors
 from workers.rollout.vllm_cpu_memory import release_cpu_engine_memory, restore_cpu_kv_cache
+from workers.rollout.vllm_lora import AdapterSlot, lora_engine_kwargs
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -94,6 +97,8 @@ class VLLMRollout:
             until the first :meth:`update_weights`, which the sharding manager does on its first entry).
         weight_loader: ``"reload"`` (in-place reload with vLLM's post-processing; needed on CPU and for
             quantized models), ``"load"`` (the model's ``load_weights``), ``"auto"`` (reload on CPU, load on GPU).
+        lora_rank: > 0: serve the policy's LoRA adapters of this rank on the base weights loaded from
+            ``model_path`` (:meth:`update_adapter`; on CPU ``free_cache_engine`` then frees the KV cache only).
 
     Raises:
         ValueError: on an unsupported device / TP combination or missing launcher environment.
@@ -114,6 +119,7 @@ class VLLMRollout:
         logprobs_mode: LogprobsMode = "raw",
         load_format: str = "auto",
         weight_loader: WeightLoader = "auto",
+        lora_rank: int = 0,
     ) -> None:
         if logprobs_mode not in _VLLM_LOGPROBS_MODE:
             raise ValueError(f"logprobs_mode={logprobs_mode!r} must be 'raw' or 'processed'.")
@@ -144,10 +150,15 @@ class VLLMRollout:
             pad_token_id=pad_token_id,
         )
         self.seed = seed
+        self.lora_rank = lora_rank
+        self.adapters: AdapterSlot | None = None
+        """With ``lora_rank`` > 0: the adapter the engine serves (set by :meth:`update_adapter`)."""
         self._seeds = random.Random(seed)
         self._asleep = False
         start = time.perf_counter()
         self._start_engine(os.fspath(model_path), config, logprobs_mode=logprobs_mode, load_format=load_format)
+        if lora_rank > 0:
+            self.adapters = AdapterSlot(self.llm)
         self.start_time_s = time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------- setup
@@ -212,6 +223,8 @@ class VLLMRollout:
         }
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
+        if self.lora_rank > 0:
+            kwargs.update(lora_engine_kwargs(self.lora_rank))
         if self.backend is not None:
             kwargs["distributed_executor_backend"] = self.backend
         if self.device == "cuda":
@@ -298,17 +311,27 @@ class VLLMRollout:
         self.weights_released = False
         self.llm.reset_prefix_cache()
 
+    def update_adapter(self, tensors: Mapping[str, Tensor], config: Mapping[str, Any]) -> None:
+        """Serves a new version of the policy's LoRA adapter (PEFT's saved names and ``adapter_config.json``
+        content) on the engine's base weights; every later generation uses it. Needs ``lora_rank`` > 0."""
+        if self.adapters is None:
+            raise RuntimeError("update_adapter on a vLLM engine started without LoRA (lora_rank=0); send full weights")
+        self.adapters.load(tensors, config)
+        self.llm.reset_prefix_cache()
+
     def release(self) -> None:
         """With ``free_cache_engine``: GPU: sleep level 1 (weights to host memory, KV cache freed); CPU: the packed
-        weights and the KV cache freed (the weights come back with the next :meth:`update_weights`). Else no-op."""
+        weights and the KV cache freed (the weights come back with the next :meth:`update_weights`; serving
+        adapters, the KV cache only: the base weights are never sent again). Else no-op."""
         if self._asleep:
             return
         if self.sleep_enabled:
             self.llm.sleep(level=1)
             self._asleep = True
         elif self.cpu_release:
-            self.last_release = self.llm.collective_rpc(release_cpu_engine_memory)[0]
-            self._asleep, self.weights_released = True, True
+            keep = self.adapters is not None
+            self.last_release = self.llm.collective_rpc(release_cpu_engine_memory, kwargs={"weights": not keep})[0]
+            self._asleep, self.weights_released = True, not keep
 
     def resume(self) -> None:
         """Wakes the engine after :meth:`release` (GPU: weights back on the GPU; both: KV cache re-allocated)."""
@@ -379,7 +402,9 @@ class VLLMRollout:
         """One vLLM request per token-id prompt with its ``vllm.SamplingParams``; ``RequestOutput``s in order."""
         from vllm.inputs import TokensPrompt
 
-        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
+        lora = self.adapters.request if self.adapters is not None else None
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        return self.llm.generate(requests, sampling, use_tqdm=False, lora_request=lora)
 
     def _tp_group(self) -> Any:
         from vllm.distributed.parallel_state import get_tp_group
@@ -415,4 +440,5 @@ def build_engine(ctx: EngineContext) -> VLLMRollout:
         device=ctx.device,
         max_prompt_length=ctx.max_prompt_length,
         logprobs_mode=ctx.logprobs_mode,
+        lora_rank=ctx.lora_rank,
     )
