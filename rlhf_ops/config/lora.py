@@ -12,8 +12,9 @@ LoraSync = Literal["auto", "adapter", "merged"]
 LORA_SYNC_DOC = (
     "How a LoRA policy reaches the rollout engine before each rollout. 'adapter': the adapters only "
     "(PEFT format, vLLM's LoRA: the engine serves the base from model.path plus a new adapter per policy "
-    "version); 'merged': every weight with W + scale * B @ A folded in; 'auto': 'adapter' with model.lora.rank > 0, "
-    "rollout.engine=vllm and rollout.mode=sync, else 'merged' (verl sends the adapter when lora_rank > 0)."
+    "version); 'merged': every weight with W + scale * B @ A folded in; 'auto': 'adapter' on GPU with "
+    "model.lora.rank > 0, rollout.engine=vllm and rollout.mode=sync (as verl), else 'merged' (on CPU vLLM's LoRA "
+    "kernels slow generation more than the smaller sync saves)."
 )
 
 

@@ -1,7 +1,10 @@
 """Cross-field rules of LoRA's keys, called by :mod:`rlhf_ops.config.validate`: adapter-only checkpoints
 (``model.lora.save_adapter_only``) and the adapter-only weight sync (``rollout.lora_sync``) act on the PEFT
 adapters, so they need ``model.lora.rank > 0``; the adapter sync needs an engine that serves LoRA adapters
-(vLLM's in-process engine, ``rollout.mode=sync``). :func:`resolve_lora_sync` says what ``auto`` means.
+(vLLM's in-process engine, ``rollout.mode=sync``). :func:`resolve_lora_sync` says what ``auto`` means: the
+adapter on GPU, the merged weights on CPU, where vLLM's LoRA layers run PyTorch-native kernels that copy the
+adapter's matrices for every token (SmolLM2-135M r=8: generation about twice as slow, more than the sync saves;
+docs/lora_adapters.md).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from rlhf_ops.config.lora import LoraConfig
 from rlhf_ops.config.schema import RolloutConfig, RunConfig
 
 __all__ = ["ADAPTER_SYNC_ENGINES", "lora_problems", "resolve_lora_sync"]
+
+Device = Literal["cpu", "cuda"]
 
 ADAPTER_SYNC_ENGINES = frozenset({"vllm"})
 """Rollout engines that take an adapter alone (the base weights loaded from ``model.path`` at start-up)."""
@@ -29,13 +34,13 @@ def _adapter_sync_blocker(lora: LoraConfig, rollout: RolloutConfig) -> str:
     return ""
 
 
-def resolve_lora_sync(lora: LoraConfig, rollout: RolloutConfig) -> Literal["adapter", "merged"]:
-    """``rollout.lora_sync`` made concrete: ``auto`` is ``adapter`` wherever the adapter sync can run."""
+def resolve_lora_sync(lora: LoraConfig, rollout: RolloutConfig, device: Device) -> Literal["adapter", "merged"]:
+    """``rollout.lora_sync`` made concrete: ``auto`` is ``adapter`` on GPU wherever the adapter sync can run."""
     if rollout.lora_sync == "merged":
         return "merged"
     if rollout.lora_sync == "adapter":
         return "adapter"
-    return "merged" if _adapter_sync_blocker(lora, rollout) else "adapter"
+    return "merged" if device == "cpu" or _adapter_sync_blocker(lora, rollout) else "adapter"
 
 
 def lora_problems(run: RunConfig) -> list[ConfigProblem]:

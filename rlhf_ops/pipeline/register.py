@@ -5,7 +5,9 @@ win, :mod:`rlhf_ops.pipeline.promotion`), logs its HF export with its model card
 as an MLflow Model (``model/``, the transformers flavour: ``mlflow.pyfunc.load_model`` and ``mlflow models serve``
 load it; :mod:`rlhf_ops.tracking.mlflow_model`),
 registers it as a new version of the pipeline's registered model and moves the ``champion`` alias to it only
-on a win over the champion that holds on the eval set (:mod:`rlhf_ops.pipeline.champion`).
+on a win over the champion that holds on the eval set (:mod:`rlhf_ops.pipeline.champion`). A LoRA run's version
+also records the base model its adapter needs (``rlhf.adapter_base_model*`` tags,
+:mod:`rlhf_ops.tracking.adapter_tags`).
 ``fetch_champion`` (the ``fetch_champion`` Ray job) downloads ``models:/<name>@champion`` for a run that
 warm-starts from it.
 """
@@ -98,6 +100,7 @@ def register_best(
         evaluate_champion=evaluate_champion if config["reward"].get("reward_fn") else None,
         tracking_uri=tracking_uri,
     )
+    _tag_adapter_base(result, layout, config, registered_name=registered_name, tracking_uri=tracking_uri)
     result["promoted"] = move_champion(result, run_id=mlflow_run_id, tracking_uri=tracking_uri) if move else False
     log.info(
         "registered %s v%s (step %d, %s=%s); champion moved: %s",
@@ -109,6 +112,30 @@ def register_best(
         result["promoted"],
     )
     return result
+
+
+def _tag_adapter_base(
+    result: Mapping[str, Any],
+    layout: RunLayout,
+    config: Mapping[str, Any],
+    *,
+    registered_name: str,
+    tracking_uri: str | None,
+) -> None:
+    """Tags the registered version with the base model its LoRA adapter needs (nothing for a full fine-tune)."""
+    from mlflow import MlflowClient
+
+    from rlhf_ops.models.resolve import resolve_model_path
+    from rlhf_ops.tracking.adapter_tags import adapter_version_tags
+
+    base = str(config["model"]["path"])
+    export = _export(int(result["best_step"]), layout, config)
+    tags = adapter_version_tags(export, base_model=base, base_model_path=resolve_model_path(base))
+    client = MlflowClient(tracking_uri=tracking_uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(registered_name, str(result["version"]), key, value)
+    if tags:
+        log.info("registered %s v%s: an adapter on %s", registered_name, result["version"], base)
 
 
 def _export(step: int, layout: RunLayout, config: Mapping[str, Any]) -> Path:

@@ -224,20 +224,21 @@ class ActorRolloutRefWorker(Worker):
         the FSDP shards bucket by bucket into the engine before each generation that follows an update (and
         frees the KV cache after, on GPU), cast to the engine's dtype at the gather (fp32 masters into a bf16
         engine move half the bytes). A LoRA policy goes as its adapter alone where ``rollout.lora_sync``
-        resolves to ``adapter`` (the engine serves it on its own base weights), else merged. The agent loop wraps
-        either when multi-turn is on.
+        resolves to ``adapter`` (the engine serves it on its own base weights; ``auto``: on GPU), else merged.
+        The agent loop wraps either when multi-turn is on.
         """
         spec, r = self.spec, self.spec.rollout
         assert self.actor is not None
         entry = ROLLOUT_ENGINES.get(r.engine)
-        lora_sync = resolve_lora_sync(spec.model.lora, r) if entry.weight_sync else "merged"
+        device: Literal["cpu", "cuda"] = "cuda" if self.device.type == "cuda" else "cpu"
+        lora_sync = resolve_lora_sync(spec.model.lora, r, device) if entry.weight_sync else "merged"
         context = EngineContext(
             model_path=spec.model_path,
             config=r,
             pad_token_id=spec.pad_token_id,
             eos_token_id=spec.eos_token_id,
             seed=spec.seed + 1000 * self.rank,
-            device="cuda" if self.device.type == "cuda" else "cpu",
+            device=device,
             max_prompt_length=spec.plan.max_prompt_length,
             logprobs_mode=rollout_logprobs_mode(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
             module=self.actor.module,
