@@ -190,13 +190,11 @@ def engine_package_problems(run: RunConfig) -> list[ConfigProblem]:
     run) refuses the run with the reason, before Ray or any worker starts. Not part of the shared pre-flight:
     the Airflow side has no inference engine installed."""
     engine = ROLLOUT_ENGINES.find(run.rollout.engine)
-    if engine is None or engine.package is None or importlib.util.find_spec(engine.package) is not None:
+    missing = None if engine is None else engine.missing_package()
+    if engine is None or missing is None:
         return []
-    why = f" ({engine.not_run_here})" if engine.not_run_here else ""
     return [
         ConfigProblem(
-            "rollout.engine",
-            f"{engine.name} needs the Python package {engine.package!r}, which is not installed here{why}",
-            f"install {engine.package} on the workers' image, or set rollout.engine=hf",
+            "rollout.engine", missing, f"install {engine.package} on the workers' image, or set rollout.engine=hf"
         )
     ]

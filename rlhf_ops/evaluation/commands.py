@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.evaluation.evaluator import EVAL_ENGINES
 from rlhf_ops.evaluation.paired import PairedGain, paired_bootstrap, paired_proportion_interval
+from rlhf_ops.extensions import ROLLOUT_ENGINES
 
 
 def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,7 +27,12 @@ def add_eval_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     model.add_argument("--n-samples", type=int, default=0, help="sampled responses per prompt for pass@k (0: off)")
     model.add_argument("--batch-size", type=int, default=64)
     model.add_argument("--no-chat-template", action="store_true", help="feed the raw prompt text")
-    model.add_argument("--engine", choices=EVAL_ENGINES, default="hf", help="generation engine (vllm: faster)")
+    model.add_argument(
+        "--engine",
+        default="hf",
+        help=f"rollout engine that decodes, as in training: {', '.join(ROLLOUT_ENGINES.names())} (vllm: faster) "
+        "or a dotted path package.module:attribute",
+    )
     model.add_argument("--out", required=True, help="report JSON to write")
     model.set_defaults(func=_eval_model)
     gain = ev_sub.add_parser("gain", help="paired gain AFTER - BEFORE over the same prompts, with a 95%% interval")

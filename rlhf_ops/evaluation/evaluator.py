@@ -18,17 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_ops.evaluation.engines import EngineFactory, load_engine_factory
 from rlhf_ops.evaluation.metrics import ScoredResponse, default_ks, greedy_metrics, sample_metrics
-from rlhf_ops.extensions import ROLLOUT_ENGINES
+from rlhf_ops.extensions import ROLLOUT_ENGINES, is_dotted
 
 log = logging.getLogger(__name__)
 
 REPORT_VERSION = 1
-
-
-# The engine table's entries that can evaluate (rlhf_ops.extensions.ROLLOUT_ENGINES, trait ``evaluation``).
-EVAL_ENGINES = tuple(entry.name for entry in ROLLOUT_ENGINES if entry.evaluation)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,15 +46,19 @@ class EvalSettings:
     """Greedy generations kept in the report and the MLflow table."""
     dtype: str = "float32"
     engine: str = "hf"
-    """``hf`` (transformers, the model in this process) or ``vllm`` (in-process vLLM engine, faster)."""
+    """The rollout engine that decodes (a ``rollout.engine`` value: ``hf``, ``vllm`` (faster), ``sglang``, an entry
+    point's name or a dotted path), built as training builds it."""
 
     def __post_init__(self) -> None:
         if self.max_prompts < 1:
             raise ValueError(f"max_prompts={self.max_prompts} must be >= 1")
         if self.n_samples < 0:
             raise ValueError(f"n_samples={self.n_samples} must be >= 0 (0: greedy only)")
-        if self.engine not in EVAL_ENGINES:
-            raise ValueError(f"engine={self.engine!r} must be one of {EVAL_ENGINES} (the engines that evaluate)")
+        if not is_dotted(self.engine) and self.engine not in ROLLOUT_ENGINES:
+            raise ValueError(
+                f"engine={self.engine!r} is no rollout engine; set one of {ROLLOUT_ENGINES.names()} or a dotted path "
+                "'package.module:attribute'"
+            )
         if any(not 1 <= k <= self.n_samples for k in self.ks):
             raise ValueError(f"ks={self.ks} must lie in 1..n_samples={self.n_samples}")
 
@@ -136,7 +135,6 @@ def evaluate_model(
     *,
     reward_fn: str | Any,
     settings: EvalSettings,
-    engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     """Generate on the first ``settings.max_prompts`` prompts of ``data`` with the model in ``model_dir``, score.
 
@@ -144,27 +142,28 @@ def evaluate_model(
         model_dir: HF model folder (an export of a checkpoint).
         data: Validation files and tokenisation settings.
         reward_fn: A reward function or its config name (``reward.reward_fn``: built-in or dotted path).
-        settings: Sampling and reporting settings.
-        engine_factory: Builds the rollout engine of ``settings.engine == "hf"`` on the loaded model; None:
-            the one registered as ``hf`` in the ``rlhf_ops.rollout_engines`` entry points (``HFRollout``).
+        settings: Sampling and reporting settings; ``settings.engine`` selects the rollout engine from
+            :data:`rlhf_ops.extensions.ROLLOUT_ENGINES`, which decodes both passes (greedy, then sampled).
 
     Returns:
         The report: ``{"version", "model_dir", "data_files", "settings", "metrics", "examples", "per_prompt",
         "created_at"}``; ``per_prompt`` holds each prompt's greedy score and correctness, in prompt order.
     """
     from rlhf_ops.data.dataset import PromptDataset
-    from rlhf_ops.evaluation.generate import generate, generate_vllm, load_policy
+    from rlhf_ops.evaluation.generate import build_eval_engine, generate, load_tokenizer
     from rlhf_ops.rewards import load_reward_fn
 
     score_fn = load_reward_fn(reward_fn) if isinstance(reward_fn, str) else reward_fn
-    factory: EngineFactory | None = None
-    if settings.engine == "vllm":
-        from transformers import AutoTokenizer
-
-        model, tokenizer = None, AutoTokenizer.from_pretrained(str(model_dir))
-    else:
-        factory = engine_factory or load_engine_factory("hf")
-        model, tokenizer = load_policy(str(model_dir), dtype=settings.dtype)
+    tokenizer = load_tokenizer(str(model_dir))
+    engine, context = build_eval_engine(
+        settings.engine,
+        str(model_dir),
+        tokenizer,
+        max_prompt_length=data.max_prompt_length,
+        max_new_tokens=settings.max_new_tokens,
+        seed=settings.seed,
+        dtype=settings.dtype,
+    )
     dataset = PromptDataset.from_sources(
         list(data.files),
         tokenizer,
@@ -183,15 +182,20 @@ def evaluate_model(
             "n": n,
             "do_sample": do_sample,
             "max_new_tokens": settings.max_new_tokens,
-            "seed": settings.seed,
             "temperature": settings.temperature,
             "top_p": settings.top_p,
             "top_k": settings.top_k,
         }
-        if settings.engine == "vllm":
-            return generate_vllm(str(model_dir), tokenizer, dataset, indices, dtype=settings.dtype, **kw)
-        assert factory is not None  # set with the HF model above
-        return generate(factory, model, tokenizer, dataset, indices, batch_size=settings.batch_size, **kw)
+        return generate(
+            engine,
+            tokenizer,
+            dataset,
+            indices,
+            batch_size=settings.batch_size,
+            device=context.device,
+            eos_token_id=context.eos_token_id,
+            **kw,
+        )
 
     greedy = _score_all(run(1, False), dataset, score_fn)
     metrics = greedy_metrics(greedy)

@@ -1,7 +1,11 @@
-"""Generation for evaluation: a rollout engine on an HF model folder, in this one process (no Ray).
+"""Generation for evaluation: a rollout engine of the table, on an HF model folder, in this one process (no Ray).
 
-The engine is injected (:mod:`rlhf_ops.evaluation.engines`): the caller passes the factory that builds
-it on the loaded model (the training's ``HFRollout``), so the library imports nothing from ``workers/``.
+Evaluation decodes through the same engines as training: the ``rollout.engine`` entry of
+:data:`rlhf_ops.extensions.ROLLOUT_ENGINES` (built-in, entry point or dotted path), built from one
+:class:`~rlhf_ops.extensions.rollout.EngineContext` and called through the one
+:class:`~rlhf_ops.extensions.RolloutEngine` interface. An engine that decodes with the policy module (HF) gets
+the loaded model; one that loads its own copy (vLLM, SGLang) gets the folder. The library names the engines'
+code by string, so it imports nothing from ``workers/``.
 
 Notation: B = prompts in a batch, n = samples per prompt, R = ``max_new_tokens``.
 """
@@ -10,13 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from rlhf_ops.config.schema import RolloutConfig
 from rlhf_ops.data.dataset import PromptDataset
-from rlhf_ops.evaluation.engines import EngineFactory
+from rlhf_ops.extensions.rollout import ROLLOUT_ENGINES, EngineContext, RolloutEngine
 from rlhf_ops.sampling import SamplingParams
+
+# The KV cache of an engine that holds its own copy on CPU (vLLM): 1 GiB, enough for the evaluation's batches.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,25 +37,82 @@ class Generation:
     length: int
 
 
-def load_policy(model_dir: str, *, dtype: str = "float32", trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from an HF folder, the model in eval mode on the CPU or the first GPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False) -> Any:
+    """The folder's tokenizer, with the EOS as padding when it has no pad token."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(model_dir: str, *, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
+    """The folder's causal LM in eval mode on the CPU or the first GPU."""
+    from transformers import AutoModelForCausalLM
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
     )
     model = model.to(device)
     model.eval()
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return model
+
+
+def build_eval_engine(
+    engine: str,
+    model_dir: str,
+    tokenizer: Any,
+    *,
+    max_prompt_length: int,
+    max_new_tokens: int,
+    seed: int,
+    dtype: str = "float32",
+) -> tuple[RolloutEngine, EngineContext]:
+    """The engine ``engine`` selects (a ``rollout.engine`` value) on the model in ``model_dir``, built from one
+    :class:`EngineContext` as training builds it; returns the engine and that context.
+
+    The stop ids are training's (:func:`rlhf_ops.models.generation.eos_token_ids`: the tokenizer's EOS and those
+    of ``generation_config.json``); the sampling settings come with each call.
+
+    Raises:
+        ValueError: ``engine`` is no engine of the table, or its package is not installed here (one line each).
+    """
+    from rlhf_ops.models.generation import eos_token_ids
+
+    spec = ROLLOUT_ENGINES.get(engine, key="engine")
+    missing = spec.missing_package()
+    if missing:
+        raise ValueError(f"engine={engine}: {missing}; evaluate with engine=hf")
+    device: Literal["cpu", "cuda"] = "cuda" if torch.cuda.is_available() else "cpu"
+    config = RolloutConfig.model_validate(
+        {
+            "engine": engine,
+            "max_new_tokens": max_new_tokens,
+            "dtype": dtype,
+            "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES if device == "cpu" else None,
+            "gpu_memory_utilization": 0.9,  # the engine has the device to itself
+            "free_cache_engine": False,  # nothing trains between the calls
+        }
+    )
+    context = EngineContext(
+        model_path=model_dir,
+        config=config,
+        pad_token_id=int(tokenizer.pad_token_id),
+        eos_token_id=tuple(eos_token_ids(model_dir, tokenizer)),
+        seed=seed,
+        device=device,
+        max_prompt_length=max_prompt_length,
+        logprobs_mode="raw",
+        module=load_policy(model_dir, dtype=dtype) if spec.needs_module else None,
+    )
+    built: RolloutEngine = spec.load()(context)
+    return built, context
 
 
 def generate(
-    engine_factory: EngineFactory,
-    model: Any,
+    engine: RolloutEngine,
     tokenizer: Any,
     dataset: PromptDataset,
     indices: Sequence[int],
@@ -59,36 +124,28 @@ def generate(
     top_p: float = 1.0,
     top_k: int = -1,
     batch_size: int = 64,
-    seed: int = 0,
+    device: str | torch.device = "cpu",
+    eos_token_id: int | Sequence[int] | None = None,
 ) -> list[Generation]:
-    """``n`` responses to each prompt at ``indices`` (greedy when ``do_sample`` is False).
+    """``n`` responses to each prompt at ``indices`` (greedy when ``do_sample`` is False), ``batch_size`` prompts
+    per call of ``engine.generate_sequences``.
 
-    ``engine_factory`` builds the rollout engine on ``model`` with these sampling settings (``HFRollout``).
+    Args:
+        eos_token_id: The ids that end a response (None: the tokenizer's EOS).
+        device: Where the prompt tensors go (the module's device for an in-process engine).
 
     Returns:
         ``len(indices) * n`` generations, prompt-major (the n samples of a prompt are adjacent).
     """
-    device = next(model.parameters()).device
-    engine = engine_factory(
-        model,
-        pad_token_id=int(tokenizer.pad_token_id),
-        eos_token_id=int(tokenizer.eos_token_id),
-        response_length=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        do_sample=do_sample,
-        seed=seed,
-        sync_stop=False,
-    )
-    sampling = SamplingParams(  # the engine's settings, n samples per prompt
+    eos = int(tokenizer.eos_token_id) if eos_token_id is None else eos_token_id
+    sampling = SamplingParams(
         n=n,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
         do_sample=do_sample,
         response_length=max_new_tokens,
-        eos_token_id=int(tokenizer.eos_token_id),
+        eos_token_id=eos if isinstance(eos, int) else tuple(eos),
         pad_token_id=int(tokenizer.pad_token_id),
     )
     out: list[Generation] = []
@@ -102,66 +159,4 @@ def generate(
         for row, (tokens, length) in enumerate(zip(responses, lengths, strict=True)):
             text = tokenizer.decode(tokens[: int(length)].tolist(), skip_special_tokens=True)
             out.append(Generation(prompt_index=chunk[row // n], sample=row % n, text=text, length=int(length)))
-    return out
-
-
-def generate_vllm(
-    model_dir: str,
-    tokenizer: Any,
-    dataset: PromptDataset,
-    indices: Sequence[int],
-    *,
-    n: int,
-    do_sample: bool,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = -1,
-    seed: int = 0,
-    dtype: str = "float32",
-    kv_cache_memory_bytes: int = 1024 * 1024 * 1024,
-) -> list[Generation]:
-    """As :func:`generate`, with an in-process vLLM engine (continuous batching: much faster on many prompts).
-
-    The engine stops on every EOS id of the model's ``generation_config.json`` and the tokenizer's EOS;
-    token ids go in and out (the prompts are the dataset's own encodings, chat template included).
-    """
-    import os
-
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, TokensPrompt
-    from vllm import SamplingParams as VllmSamplingParams
-
-    from rlhf_ops.models.generation import eos_token_ids
-
-    eos = eos_token_ids(model_dir, tokenizer)
-    kwargs: dict[str, Any] = {
-        "dtype": dtype,
-        "enforce_eager": True,
-        "seed": seed,
-        "generation_config": "vllm",
-        "skip_tokenizer_init": True,
-        "disable_log_stats": True,
-    }
-    if not torch.cuda.is_available():
-        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-    llm = LLM(model_dir, **kwargs)
-    params = VllmSamplingParams(
-        n=n,
-        temperature=temperature if do_sample else 0.0,
-        top_p=top_p if do_sample else 1.0,
-        top_k=top_k if do_sample else -1,
-        max_tokens=max_new_tokens,
-        stop_token_ids=eos,
-        seed=seed,
-        detokenize=False,
-    )
-    prompts = [TokensPrompt(prompt_token_ids=dataset.prompt_ids[i]) for i in indices]
-    results = llm.generate(prompts, params, use_tqdm=False)
-    out: list[Generation] = []
-    for prompt_index, result in zip(indices, results, strict=True):
-        for sample, completion in enumerate(result.outputs):
-            tokens = list(completion.token_ids)
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            out.append(Generation(prompt_index=prompt_index, sample=sample, text=text, length=len(tokens)))
     return out

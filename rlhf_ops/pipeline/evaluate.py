@@ -23,28 +23,27 @@ from rlhf_ops.pipeline.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
-EVAL_ENGINES = ("auto", "vllm", "hf")
-
 
 def eval_engine(config: Mapping[str, Any], engine: str = "auto") -> str:
-    """The generation engine of an evaluation: ``vllm`` (batched, the engine GPU runs train with) or ``hf``.
+    """The rollout engine an evaluation decodes with: ``engine``, or for ``auto`` the run's ``rollout.engine``.
 
-    ``auto`` takes the run's ``rollout.engine``, so evaluation decodes with the engine training generated with
-    (vLLM on the GPU presets; HF on the tiny CPU preset, whose model vLLM's CPU attention cannot run). A vLLM
-    evaluation where vLLM is not installed falls back to HF, with a warning.
+    ``auto`` makes evaluation decode with the engine training generated with (vLLM on the GPU presets; HF on the
+    tiny CPU preset, whose model vLLM's CPU attention cannot run). An engine whose package is not installed on
+    this node (vLLM, SGLang) falls back to HF, with a warning that gives the reason.
 
     Raises:
-        ValueError: ``engine`` is not one of ``auto``, ``vllm``, ``hf``.
+        ValueError: ``engine`` is neither ``auto`` nor an engine of the table.
     """
-    if engine not in EVAL_ENGINES:
-        raise ValueError(f"eval_engine={engine!r} must be one of {list(EVAL_ENGINES)}")
-    chosen = str(config["rollout"].get("engine") or "hf") if engine == "auto" else engine
-    if chosen == "vllm":
-        import importlib.util
+    from rlhf_ops.extensions import ROLLOUT_ENGINES, is_dotted
 
-        if importlib.util.find_spec("vllm") is None:
-            log.warning("vLLM is not installed on this node; evaluating with the HF engine instead")
-            return "hf"
+    if engine != "auto" and engine not in ROLLOUT_ENGINES and not is_dotted(engine):
+        raise ValueError(f"eval_engine={engine!r} must be auto or one of {ROLLOUT_ENGINES.names()}")
+    chosen = str(config["rollout"].get("engine") or "hf") if engine == "auto" else engine
+    spec = ROLLOUT_ENGINES.known(chosen)
+    missing = spec.missing_package() if spec is not None else None
+    if missing:
+        log.warning("%s; evaluating with the HF engine instead", missing)
+        return "hf"
     return chosen
 
 

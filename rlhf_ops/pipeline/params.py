@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from rlhf_ops.config.loader import list_presets
 from rlhf_ops.data.field_transforms import parse_field_source
-from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS, choice_check
+from rlhf_ops.extensions import ADVANTAGE_ESTIMATORS, ROLLOUT_ENGINES, choice_check
 from rlhf_ops.fs_protocols import unknown_protocol_problem, url_scheme
 from rlhf_ops.pipeline.layout import RunLayout
 from rlhf_ops.pipeline.promotion import PER_PROMPT_COLUMNS, PromotionSpec
@@ -179,11 +179,11 @@ class PipelineParams(BaseModel):
     eval_max_prompts: int = Field(
         128, ge=1, description="Validation prompts evaluated per checkpoint.", json_schema_extra=_in(EVAL)
     )
-    eval_engine: Literal["auto", "vllm", "hf"] = Field(
+    eval_engine: str = Field(
         "auto",
         description="Generation engine of the evaluations (a Ray job each): vllm (batched), hf (CPU fallback); "
         "auto: the run's rollout.engine.",
-        json_schema_extra=_in(EVAL),
+        json_schema_extra=_in(EVAL, enum=["auto", *ROLLOUT_ENGINES.names()]),
     )
     eval_metric: str = Field(
         "eval/reward/mean",
@@ -219,6 +219,14 @@ class PipelineParams(BaseModel):
         presets = list_presets()
         if value not in presets:
             raise ValueError(f"preset {value!r} is not a shipped preset; choose one of {presets}")
+        return value
+
+    @field_validator("eval_engine")
+    @classmethod
+    def _rollout_engine(cls, value: str) -> str:
+        if value != "auto" and value not in ROLLOUT_ENGINES:
+            names = ROLLOUT_ENGINES.names()
+            raise ValueError(f"eval_engine {value!r} is no rollout engine; choose auto or one of {names}")
         return value
 
     @field_validator("field_map")

@@ -79,13 +79,16 @@ def length_reward(
 
 
 def build_marked_hf_engine(ctx: Any) -> Any:
-    """The HF engine, plus a ``test_engine`` timing per call (logged as ``timing_s/worker/test_engine``)."""
+    """The HF engine, plus a ``test_engine`` timing per call (logged as ``timing_s/worker/test_engine``); in this
+    process (the driver, an evaluation) it counts its builds and calls in CALLS."""
     from workers.rollout.hf_rollout import build_engine
 
+    CALLS["engine_built"] += 1
     engine = build_engine(ctx)
     generate = engine.generate_sequences
 
     def marked(prompts: Any, sampling: Any = None, step: int | None = None) -> Any:
+        CALLS["engine_calls"] += 1
         start = time.perf_counter()
         out = generate(prompts, sampling, step)
         out.meta_info.setdefault("timing", {})["test_engine"] = time.perf_counter() - start
@@ -99,7 +102,6 @@ ENGINE = RolloutEngineSpec(
     name="marked_hf",
     target=build_marked_hf_engine,
     description="The HF engine with a timing marker (a test's throw-away engine).",
-    evaluation=False,
 )
 SYNC_ONLY_ENGINE = RolloutEngineSpec(name="sync_only", target=build_marked_hf_engine, multi_turn=False)
 

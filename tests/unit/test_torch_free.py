@@ -36,7 +36,6 @@ TORCH_FREE_MODULES = frozenset(
         "rlhf_ops.sampling",
         "rlhf_ops.data.prepare",
         "rlhf_ops.data.sources",
-        "rlhf_ops.evaluation.engines",
         "rlhf_ops.evaluation.evaluator",
         "rlhf_ops.models.resolve",
         "rlhf_ops.models.modality",

@@ -1,4 +1,5 @@
-"""The rollout engine contract every engine follows (the Protocol: :class:`rlhf_ops.extensions.RolloutEngine`).
+"""The rollout engine contract every engine follows (the Protocol :class:`rlhf_ops.extensions.RolloutEngine`, built
+from one :class:`rlhf_ops.extensions.rollout.EngineContext`), and the helpers engines share.
 
 Notation: B = prompts in the request, n = samples per prompt, P = prompt length (left-padded),
 R = ``response_length`` (responses are always padded to exactly R columns, as in verl), T = P + R.
@@ -29,20 +30,15 @@ mode when temperature != 1 and top-k / top-p are on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping
 
 import numpy as np
 from torch import Tensor
 
-from rlhf_ops.extensions.rollout import RolloutEngine
+from rlhf_ops.extensions.rollout import EngineContext, LogprobsMode, RolloutEngine
 from rlhf_ops.padding import build_full_sequence
 from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
-
-if TYPE_CHECKING:  # the config (pydantic) is not needed to run an engine: the GPU check has no pydantic
-    from rlhf_ops.config.schema import RolloutConfig
 
 __all__ = [
     "EngineContext",
@@ -52,41 +48,6 @@ __all__ = [
     "build_rollout_output",
     "prompt_tensors",
 ]
-
-LogprobsMode = Literal["raw", "processed"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineContext:
-    """What the actor worker hands an engine builder (the ``target`` / ``async_target`` of a
-    :data:`rlhf_ops.extensions.ROLLOUT_ENGINES` entry), so every engine is built by one call.
-
-    Attributes:
-        model_path: Local HF model directory (a separate engine loads its own copy from it).
-        config: The rollout section (sampling defaults, dtype, memory, multi-turn).
-        pad_token_id: Id written after EOS.
-        eos_token_id: Id(s) ending a response.
-        seed: The rank's engine seed (``trainer.seed + 1000 * rank``).
-        device: ``"cpu"`` or ``"cuda"``.
-        max_prompt_length: Longest prompt P (an engine sizes its context as P + ``max_new_tokens``).
-        logprobs_mode: Which log-probs the engine records (``workers.rollout.base``).
-        module: The actor's model; an in-process engine (HF) generates with it, a separate one ignores it.
-        suppress_token_ids: Ids never sampled (a vision-language model's image placeholder).
-        lora_rank: > 0: the engine serves the policy's LoRA adapters of this rank on its own base weights (the
-            adapter-only sync, ``rollout.lora_sync``); 0: it receives full (merged) weights.
-    """
-
-    model_path: str
-    config: RolloutConfig
-    pad_token_id: int
-    eos_token_id: int | Sequence[int]
-    seed: int
-    device: Literal["cpu", "cuda"]
-    max_prompt_length: int
-    logprobs_mode: LogprobsMode
-    module: Any = None
-    suppress_token_ids: Sequence[int] = ()
-    lora_rank: int = 0
 
 
 def build_rollout_output(

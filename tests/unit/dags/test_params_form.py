@@ -158,7 +158,7 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
         _EVAL,
         "Generation engine of the evaluations (a Ray job each): vllm (batched), hf (CPU fallback); "
         "auto: the run's rollout.engine.",
-        {"type": "string", "enum": ["auto", "vllm", "hf"]},
+        {"type": "string", "enum": ["auto", "hf", "vllm", "sglang"]},  # auto + the rollout engine table
     ),
     "eval_metric": (
         "eval/reward/mean",

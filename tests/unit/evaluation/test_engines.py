@@ -1,4 +1,5 @@
-"""Evaluation decodes with an injected rollout engine; by default the one registered as the ``hf`` entry point."""
+"""Evaluation decodes through the rollout engine table, as training does: a throw-away engine from outside the
+package, selected by dotted path or registered by name, is the one that decodes."""
 
 from __future__ import annotations
 
@@ -6,33 +7,63 @@ from typing import Any
 
 import pytest
 
-from rlhf_ops.evaluation.engines import ENGINE_GROUP, load_engine_factory
 from rlhf_ops.evaluation.evaluator import EvalData, EvalSettings, evaluate_model
+from rlhf_ops.extensions import ROLLOUT_ENGINES, RolloutEngineSpec
+from rlhf_ops.pipeline.evaluate import eval_engine
+from tests.support import extension_entries
 from tests.support.builders import write_toy_dataset
-from workers.rollout.hf_rollout import HFRollout
+
+_ENGINE = "tests.support.extension_entries:ENGINE"
 
 
-def test_the_hf_entry_point_is_the_training_engine() -> None:
-    assert load_engine_factory("hf") is HFRollout
+@pytest.fixture(scope="module")
+def val_data(tmp_path_factory: pytest.TempPathFactory) -> EvalData:
+    path = tmp_path_factory.mktemp("val") / "val.jsonl"
+    val = str(write_toy_dataset("copy_digit", path, num_rows=5, seed=3, chat=False))
+    return EvalData(files=[val], max_prompt_length=16, apply_chat_template=False)
 
 
-def test_an_unregistered_engine_is_one_clear_error() -> None:
-    with pytest.raises(ValueError, match=rf"no rollout engine 'sglang' in the entry-point group {ENGINE_GROUP}"):
-        load_engine_factory("sglang")
+def _report(model: str, data: EvalData, engine: str) -> dict[str, Any]:
+    settings = EvalSettings(max_prompts=5, n_samples=2, max_new_tokens=2, seed=7, batch_size=2, engine=engine)
+    return evaluate_model(model, data, reward_fn="copy_digit", settings=settings)
 
 
-def test_evaluate_model_decodes_with_the_injected_factory(tiny_model_dir: str, tmp_path: Any) -> None:
-    built: list[dict[str, Any]] = []
+def test_a_user_engine_by_dotted_path_decodes_the_evaluation(tiny_model_dir: str, val_data: EvalData) -> None:
+    extension_entries.CALLS.clear()
+    marked = _report(tiny_model_dir, val_data, _ENGINE)
+    # one engine for both passes; 5 prompts in batches of 2 -> 3 calls greedy + 3 calls sampled
+    assert extension_entries.CALLS["engine_built"] == 1 and extension_entries.CALLS["engine_calls"] == 6
+    hf = _report(tiny_model_dir, val_data, "hf")  # the throw-away engine is the HF engine underneath
+    assert marked["metrics"] == hf["metrics"] and marked["examples"] == hf["examples"]
+    assert marked["settings"]["engine"] == _ENGINE
 
-    def factory(module: Any, **sampling: Any) -> HFRollout:  # the real engine, recording how it was built
-        built.append(sampling)
-        return HFRollout(module, **sampling)
 
-    val = str(write_toy_dataset("copy_digit", tmp_path / "val.jsonl", num_rows=4, seed=3, chat=False))
-    data = EvalData(files=[val], max_prompt_length=16, apply_chat_template=False)
-    settings = EvalSettings(max_prompts=4, n_samples=2, max_new_tokens=2, seed=7)
-    injected = evaluate_model(tiny_model_dir, data, reward_fn="copy_digit", settings=settings, engine_factory=factory)
-    default = evaluate_model(tiny_model_dir, data, reward_fn="copy_digit", settings=settings)
-    # one greedy pass and one sampled pass, each its own engine; same engine class, so the same report
-    assert [b["do_sample"] for b in built] == [False, True] and all(b["response_length"] == 2 for b in built)
-    assert injected["metrics"] == default["metrics"] and injected["examples"] == default["examples"]
+def test_a_registered_engine_is_selected_by_its_name(tiny_model_dir: str, val_data: EvalData) -> None:
+    entry = RolloutEngineSpec(name="eval_marked", target=extension_entries.build_marked_hf_engine)
+    ROLLOUT_ENGINES.register(entry)
+    try:
+        extension_entries.CALLS.clear()
+        _report(tiny_model_dir, val_data, "eval_marked")
+        assert extension_entries.CALLS["engine_built"] == 1
+    finally:
+        ROLLOUT_ENGINES.unregister("eval_marked")
+
+
+def test_a_missing_package_is_refused_with_the_reason(tiny_model_dir: str, val_data: EvalData) -> None:
+    entry = RolloutEngineSpec(name="needs_pkg", target="nowhere:build", package="no_such_package_rlhf")
+    ROLLOUT_ENGINES.register(entry)
+    try:
+        with pytest.raises(ValueError, match="engine=needs_pkg: needs_pkg needs the Python package "):
+            _report(tiny_model_dir, val_data, "needs_pkg")
+        # the pipeline's evaluate task falls back to HF for it, as it does for vLLM where vLLM is missing
+        assert eval_engine({"rollout": {"engine": "needs_pkg"}}) == "hf"
+        assert eval_engine({"rollout": {"engine": "vllm"}}, "hf") == "hf"
+    finally:
+        ROLLOUT_ENGINES.unregister("needs_pkg")
+
+
+def test_an_unknown_engine_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"engine='nope' is no rollout engine; set one of \['hf', 'vllm', 'sglang'"):
+        EvalSettings(engine="nope")
+    with pytest.raises(ValueError, match="eval_engine='nope' must be auto or one of"):
+        eval_engine({"rollout": {"engine": "hf"}}, "nope")
