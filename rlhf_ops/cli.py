@@ -210,14 +210,16 @@ def _pipeline_job(args: argparse.Namespace) -> int:
 
 
 def _add_pipeline_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from rlhf_ops.pipeline.job_requests import JOBS
     from rlhf_ops.pipeline.job_results import REQUEST_ENV
 
     job = sub.add_parser(
-        "pipeline-job",
-        help=f"run a pipeline task ({', '.join(JOBS)}) as a Ray job; request in ${REQUEST_ENV}",
+        "pipeline-job", help=f"run a pipeline task's heavy job as a Ray job; request in ${REQUEST_ENV}"
     )
-    job.add_argument("job", choices=sorted(JOBS), help="the job: its entry in rlhf_ops.pipeline.job_requests.JOBS")
+    job.add_argument(
+        "job",
+        help="the job: a built-in of rlhf_ops.pipeline.heavy (prepare_data, preflight, evaluate...), an entry "
+        "point's name, or a dotted path package.module:function to a user's @pipeline_job",
+    )
     job.set_defaults(func=_pipeline_job)
 
 

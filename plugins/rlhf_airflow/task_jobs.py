@@ -4,12 +4,15 @@ stays torch-free and shares no disk with the cluster.
 ``RayTaskJobOperator`` is ``RayJobOperator`` (same hook, idempotent submission id per task instance, deferrable
 trigger, re-attach on retry) with a typed request and a result::
 
-    execute:           build_request(request, context) -> JobSpec  (a request model of rlhf_ops.pipeline.job_requests)
+    execute:           the job's request model builds the request from the task's values and the form
+                       (JobRequest.from_task; a custom build_request may replace it) -> JobSpec;
                        submit  python -m rlhf_ops.cli pipeline-job <job>, the request as JSON in $RLHF_JOB_REQUEST;
                        defer to RayJobTrigger
     execute_complete:  read the job's result (rlhf_ops.pipeline.job_results: the run's remote store, else the job's
-                       tagged last log line through the Jobs API); on_result(value, request, context) (Asset event
-                       extras), return the value (the XCom)
+                       tagged last log line through the Jobs API); on_result(value, request, context) (the DAG
+                       factory's: the request's event_extra on the job's Asset event); return the value (the XCom)
+
+So a heavy task is its job module (``rlhf_ops.pipeline.heavy``: request, result, body) and one operator in the DAG.
 
 A job that ends with a user mistake (``{"status": "error", "retryable": false}``: a bad config value, rejected
 data, shipped code that does not import, a request version the cluster's library does not read) fails the task at
@@ -37,9 +40,31 @@ class JobSpec:
     """What one heavy task's Ray job receives."""
 
     request: JobRequest
-    """The typed request (its model is the job's entry in ``rlhf_ops.pipeline.job_requests.JOBS``)."""
+    """The typed request (its model is the job's entry in ``rlhf_ops.pipeline.job_requests.PIPELINE_JOBS``)."""
     num_gpus: float | None = None
     """GPUs reserved for the job's driver (the model runs in it); None: none."""
+
+
+def params_of(context: Mapping[str, Any]) -> Any:
+    """The run's trigger form (``PipelineParams``); invalid values fail the task at once."""
+    from rlhf_ops.pipeline.params import parse_params
+
+    try:
+        return parse_params(context["params"])
+    except ValueError as exc:
+        raise AirflowFailException(f"invalid pipeline parameters: {exc}") from None
+
+
+def run_ref(params: Any, context: Mapping[str, Any]) -> Any:
+    """Which run a job works for (``RunRef``): the job resolves its folders on the Ray side."""
+    from rlhf_ops.pipeline.job_requests import RunRef
+
+    return RunRef(
+        dag_id=context["dag"].dag_id,
+        run_id=context["run_id"],
+        work_dir=params.work_dir,
+        remote_store_url=params.remote_store_url,
+    )
 
 
 RequestBuilder = Callable[[Mapping[str, Any], "Context"], JobSpec]
@@ -47,15 +72,17 @@ ResultHandler = Callable[[dict[str, Any], Any, "Context"], None]
 
 
 class RayTaskJobOperator(RayJobOperator):
-    """Run the pipeline's heavy job ``job`` (an entry of ``rlhf_ops.pipeline.job_requests.JOBS``) as a Ray job.
+    """Run the pipeline's heavy job ``job`` (an entry of ``rlhf_ops.pipeline.job_requests.PIPELINE_JOBS``) on Ray.
 
     Args:
-        job: The job's name in the table.
-        request: Values for ``build_request`` (templated: XComArgs resolve to their values at run time).
-        build_request: Turns the rendered ``request`` and the context into the job's :class:`JobSpec`; called in
-            ``execute`` and again in ``execute_complete`` (deterministic). It may raise ``AirflowSkipException``
-            (nothing to do for this run): then nothing is submitted.
-        on_result: Called with the job's result value, the request model and the context before it is returned.
+        job: The job: a built-in's name, an entry point's, or a dotted path to a user's job body.
+        request: The values the request is built from (templated: XComArgs resolve to their values at run time).
+        build_request: Turns the rendered ``request`` and the context into the job's :class:`JobSpec`; None: the
+            job's request model does (``from_task`` with the run's form and ids; a ``JobSkipped`` skips the task).
+            Called in ``execute`` and again in ``execute_complete`` (deterministic). An ``AirflowSkipException``
+            (nothing to do for this run) means nothing is submitted.
+        on_result: Called with the job's result value, the request model and the context before it is returned
+            (the DAG factory's puts the request's ``event_extra`` on the job's Asset event).
         **kwargs: ``RayJobOperator`` arguments (connections, code policy, poll interval, timeout) and
             ``BaseOperator``'s (``multiple_outputs`` pushes each key of the result as its own XCom).
     """
@@ -68,7 +95,7 @@ class RayTaskJobOperator(RayJobOperator):
         self,
         *,
         job: str,
-        build_request: RequestBuilder,
+        build_request: RequestBuilder | None = None,
         request: dict[str, Any] | None = None,
         on_result: ResultHandler | None = None,
         **kwargs: Any,
@@ -79,14 +106,32 @@ class RayTaskJobOperator(RayJobOperator):
         self.build_request = build_request
         self.on_result = on_result
 
+    def request_for(self, values: Mapping[str, Any], context: Context) -> JobSpec:
+        """The job's :class:`JobSpec` for the rendered ``values`` (``build_request``, or the request model's
+        ``from_task``)."""
+        build = self.build_request or self._request_from_task
+        return build(values, context)
+
     def _job_spec(self, context: Context) -> JobSpec:
-        spec = self.build_request(dict(self.request or {}), context)
+        spec = self.request_for(dict(self.request or {}), context)
         wanted = job_entry(self.job).request
         if not isinstance(spec.request, wanted):
             raise TypeError(
                 f"{self.task_id}: build_request gave a {type(spec.request).__name__}, not a {wanted.__name__}"
             )
         return spec
+
+    def _request_from_task(self, values: Mapping[str, Any], context: Context) -> JobSpec:
+        """The job's request model built from the task's values, the run's form and its ids."""
+        from rlhf_airflow.compat import AirflowSkipException
+        from rlhf_ops.pipeline.job_requests import JobSkipped
+
+        params = params_of(context)
+        try:
+            request = job_entry(self.job).request.from_task(values, params=params, run=run_ref(params, context))
+        except JobSkipped as exc:
+            raise AirflowSkipException(str(exc)) from None
+        return JobSpec(request=request, num_gpus=request.num_gpus())
 
     def execute(self, context: Context, *, resume: bool = False, lost: int = 0) -> Any:
         """Build the request, then submit / re-attach and defer exactly as ``RayJobOperator`` does."""

@@ -22,6 +22,7 @@ callable (the table's ``from_callable`` reads the traits from the callable, e.g.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -88,6 +89,9 @@ class Table(Generic[E]):
             for every module of a package), read from their source (:mod:`rlhf_ops.extensions.declared`).
         decorator: The decorator's name in those modules.
         build: The entries one declaration stands for (a KL estimator's names and their ``+`` forms).
+        imported_in: Packages whose modules are imported when the table is first read, their decorators
+            registering the built-in entries (``"pkg.sub"``): for torch-free modules only (the pipeline jobs,
+            whose entries are pydantic models the Airflow side needs anyway).
     """
 
     def __init__(
@@ -102,10 +106,12 @@ class Table(Generic[E]):
         declared_in: tuple[str, ...] = (),
         decorator: str = "",
         build: Callable[[Declaration], list[E]] | None = None,
+        imported_in: tuple[str, ...] = (),
     ) -> None:
         self.what, self.key, self.entry_type, self.group = what, key, entry_type, group
         self._from_callable = from_callable
         self._builtins: dict[str, E] = {}
+        self._to_import = imported_in
         for entry in entries or []:
             self.register(entry)
         for pattern in declared_in:
@@ -113,6 +119,17 @@ class Table(Generic[E]):
             for declaration in declarations(pattern, decorator):
                 for entry in build(declaration):
                     self.register(entry)
+
+    @property
+    def _entries(self) -> dict[str, E]:
+        """The built-in and registered entries, after importing the ``imported_in`` packages' modules once."""
+        if self._to_import:
+            packages, self._to_import = self._to_import, ()  # first: their decorators read the table again
+            for package in packages:
+                found = importlib.import_module(package)
+                for info in pkgutil.iter_modules(found.__path__, prefix=f"{package}."):
+                    importlib.import_module(info.name)
+        return self._builtins
 
     def register(self, entry: E) -> E:
         """Adds ``entry`` (a package's own entries; tests). A name taken by another entry is an error."""
@@ -127,18 +144,18 @@ class Table(Generic[E]):
 
     def builtin_names(self) -> list[str]:
         """The names known without importing anything (built-in and registered entries)."""
-        return list(self._builtins)
+        return list(self._entries)
 
     def names(self) -> list[str]:
         """Every selectable name: built-in and registered, then installed entry points (not loaded)."""
-        installed = [ep.name for ep in entry_points(group=self.group) if ep.name not in self._builtins]
-        return [*self._builtins, *sorted(installed)]
+        installed = [ep.name for ep in entry_points(group=self.group) if ep.name not in self._entries]
+        return [*self._entries, *sorted(installed)]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in self._builtins or name in self.names())
+        return isinstance(name, str) and (name in self._entries or name in self.names())
 
     def __iter__(self) -> Iterator[E]:
-        return iter(list(self._builtins.values()))
+        return iter(list(self._entries.values()))
 
     def find(self, value: str) -> E | None:
         """The entry of ``value``, or None when it does not resolve here (the pre-flight reports why)."""
@@ -149,7 +166,7 @@ class Table(Generic[E]):
 
     def known(self, value: str) -> E | None:
         """The entry of ``value`` when it is known without importing user code (built-in or registered)."""
-        return self._builtins.get(value)
+        return self._entries.get(value)
 
     def get(self, value: str, *, key: str | None = None) -> E:
         """The entry a config value selects: a name (built-in, registered, entry point) or a dotted path.
@@ -161,8 +178,8 @@ class Table(Generic[E]):
                 by the operator's list, an object that is neither an entry nor a callable).
         """
         key = key or self.key
-        if value in self._builtins:
-            return self._builtins[value]
+        if value in self._entries:
+            return self._entries[value]
         if is_dotted(value):
             obj = import_dotted(value, what=f"{key}: {self.what}", example="package.module:attribute")
             return self._entry_of(value, obj, key)

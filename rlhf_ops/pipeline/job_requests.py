@@ -1,29 +1,36 @@
-"""The pipeline's heavy jobs in one table: name -> (request model, runner, result model).
+"""The pipeline's heavy jobs in one table, :data:`PIPELINE_JOBS`: name -> (request model, body, result model).
 
-An Airflow task (``rlhf_airflow.pipeline.tasks``) builds a request model, ``RayTaskJobOperator`` sends it as JSON in
-the Ray job's ``$RLHF_JOB_REQUEST``, and the job (``rlhf pipeline-job <name>``, :mod:`rlhf_ops.pipeline.jobs`) parses
-it with the same model and calls the entry's runner (:mod:`rlhf_ops.pipeline.job_runners`, named by dotted path).
-Both sides import this module, so it stays torch-free.
+A heavy job is one module (the built-ins: :mod:`rlhf_ops.pipeline.heavy`): its request model (a :class:`JobRequest`
+that builds itself from the trigger form's values, :meth:`JobRequest.from_task`), its result model, and its body,
+declared with :func:`pipeline_job`. The Airflow task (``rlhf_airflow.task_jobs.RayTaskJobOperator``, wired in the DAG
+factory) builds the request, sends it as JSON in the Ray job's ``$RLHF_JOB_REQUEST``; the job (``rlhf pipeline-job
+<name>``, :mod:`rlhf_ops.pipeline.jobs`) parses it with the same model and calls the body. Both sides import the job
+modules, so they stay torch-free: a body imports the heavy library when it runs.
+
+A user's job is selected like any extension entry: by dotted path (``job="my_pkg.jobs:count_rows"``, through the
+operator's allow-list of code modules) or by an entry point in the ``rlhf_ops.pipeline_jobs`` group.
 
 Each request names its run (:class:`RunRef`), never a folder: the job resolves the run's folders on its own side
 (``params.work_dir`` or the Ray node's ``$RLHF_WORK_DIR``), so the Airflow workers and the Ray cluster share no disk.
 
 Requests carry ``schema_version``; a job reading a version it does not know fails in one line (the provider on the
-Airflow side and the library on the Ray cluster are different installs). A new heavy job is one request model and one
-:data:`JOBS` entry here, its runner, and its task in the DAG factory.
+Airflow side and the library on the Ray cluster are different installs).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rlhf_ops.extensions.table import Entry, Table
 from rlhf_ops.pipeline.layout import RunLayout, run_key
+
+if TYPE_CHECKING:
+    from rlhf_ops.pipeline.params import PipelineParams
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -53,13 +60,44 @@ class RunRef(BaseModel):
         )
 
 
+class JobSkipped(Exception):  # noqa: N818 - it names what happened, like Airflow's AirflowSkipException
+    """Raised by :meth:`JobRequest.from_task`: this run has nothing for the job to do (the task is skipped)."""
+
+
 class JobRequest(BaseModel):
-    """Fields every heavy job's request has."""
+    """Fields every heavy job's request has, and what the Airflow task asks of it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: Literal[1] = SCHEMA_VERSION
     run: RunRef
+
+    @classmethod
+    def from_task(cls, values: Mapping[str, Any], *, params: PipelineParams, run: RunRef) -> Self:
+        """The request of one task run (Airflow side, no heavy import).
+
+        Args:
+            values: The task's rendered ``request`` mapping (upstream results, the DAG's own values).
+            params: The run's trigger form.
+            run: The run.
+
+        Raises:
+            JobSkipped: nothing to do in this run.
+        """
+        raise NotImplementedError(f"{cls.__name__}.from_task: build the request from the task's values")
+
+    def num_gpus(self) -> float | None:
+        """GPUs reserved for the job's driver (None: none); a job that loads the model asks for one on CUDA."""
+        return None
+
+    def event_extra(self, result: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The extras of the Asset event the task emits (its job's ``asset``) from the job's result; None: none."""
+        return None
+
+
+def gpus_for(config: Mapping[str, Any]) -> float | None:
+    """One GPU for a job whose driver loads the model, when the run trains on CUDA."""
+    return 1.0 if config["resources"]["device"] == "cuda" else None
 
 
 class JobResult(BaseModel):
@@ -68,128 +106,85 @@ class JobResult(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class PrepareDataRequest(JobRequest):
-    params: dict[str, Any]
-    """The trigger form's values (``PipelineParams`` as JSON)."""
-    override_policy: dict[str, Any] = Field(default_factory=dict)
+R = TypeVar("R", bound=JobRequest)
 
 
-class PrepareDataResult(JobResult):
-    train_url: str
-    val_url: str
-    num_train: int
-    num_val: int
-    num_rejected: int
-    manifest_url: str
-    manifest: dict[str, Any] = Field(default_factory=dict)
-    """The data manifest itself, so ``start_tracking`` logs it without reading the job's folder."""
-    rejected_sample: list[dict[str, Any]] = Field(default_factory=list)
+@dataclass(frozen=True, kw_only=True)
+class PipelineJob(Entry):
+    """One heavy job (``RayTaskJobOperator(job=...)``, ``rlhf pipeline-job <name>``); ``target`` is its body,
+    called with the validated request on the Ray side, returning the result value.
 
-
-class FetchChampionRequest(JobRequest):
-    registered_name: str
-
-
-class FetchChampionResult(JobResult):
-    model_dir: str | None = None
-
-
-class PreflightRequest(JobRequest):
-    params: dict[str, Any]
-    prepared: dict[str, Any]
-    model_path: str | None = None
-    """The champion's model folder for a warm start (``fetch_champion``'s result)."""
-    override_policy: dict[str, Any] = Field(default_factory=dict)
-
-
-class PreflightResult(JobResult):
-    config: dict[str, Any]
-    entrypoint: str
-    checkpoint_steps: list[int]
-    layout: dict[str, Any]
-    checkpoint_url: str
-    registered_model_name: str
-
-
-class EvaluateRequest(JobRequest):
-    step: int
-    location: str
-    config: dict[str, Any]
-    mlflow_run_id: str | None = None
-    n_samples: int
-    max_prompts: int
-    engine: str = "auto"
-
-
-class EvaluateResult(JobResult):
-    step: int
-    metrics: dict[str, Any]
-
-
-class RetainRequest(JobRequest):
-    keep_last: int
-    metric: str
-    promotion: dict[str, Any] = Field(default_factory=dict)
-
-
-class RetainResult(JobResult):
-    best_step: int | None = None
-
-
-class RegisterRequest(JobRequest):
-    config: dict[str, Any]
-    mlflow_run_id: str
-    registered_name: str
-    metric: str
-    promotion: dict[str, Any] = Field(default_factory=dict)
-    eval_n_samples: int
-    eval_max_prompts: int
-    move: bool = True
-    engine: str = "auto"
-
-
-class RegisterResult(JobResult):
-    registered_name: str | None = None
-    promote: bool | None = None
-
-
-@dataclass(frozen=True)
-class JobEntry:
-    """One heavy job: what it reads, what it runs, what it returns."""
+    Attributes:
+        request: Its request model.
+        result: Its result model (the task's XCom).
+        asset: The pipeline Asset kind whose event carries :meth:`JobRequest.event_extra` (None: no event).
+    """
 
     request: type[JobRequest]
-    runner: str
-    """``module:function`` called with a validated ``request`` on the Ray side; returns the result value. A dotted
-    path, so that importing the table (the Airflow side does) never imports the heavy library."""
     result: type[JobResult]
+    asset: str | None = None
 
     def run(self, request: JobRequest) -> dict[str, Any]:
-        """Import the runner and call it (on the Ray side)."""
-        module, _, function = self.runner.partition(":")
-        runner: Callable[[Any], dict[str, Any]] = getattr(importlib.import_module(module), function)
-        return runner(request)
+        """Call the body (on the Ray side)."""
+        body: Callable[[Any], dict[str, Any]] = self.load()
+        return body(request)
 
 
-_RUNNERS = "rlhf_ops.pipeline.job_runners"
-JOBS: dict[str, JobEntry] = {
-    "prepare_data": JobEntry(PrepareDataRequest, f"{_RUNNERS}:prepare_data", PrepareDataResult),
-    "fetch_champion": JobEntry(FetchChampionRequest, f"{_RUNNERS}:fetch_champion", FetchChampionResult),
-    "preflight": JobEntry(PreflightRequest, f"{_RUNNERS}:preflight", PreflightResult),
-    "evaluate": JobEntry(EvaluateRequest, f"{_RUNNERS}:evaluate", EvaluateResult),
-    "retain": JobEntry(RetainRequest, f"{_RUNNERS}:retain", RetainResult),
-    "register": JobEntry(RegisterRequest, f"{_RUNNERS}:register", RegisterResult),
-}
+def _job_of(value: str, obj: Any) -> PipelineJob:
+    """A job named by the dotted path of its body (decorated with :func:`pipeline_job`)."""
+    entry = getattr(obj, "pipeline_job", None)
+    if not isinstance(entry, PipelineJob):
+        raise ValueError(f"job {value!r} names a function without @pipeline_job; declare it with rlhf_ops' decorator")
+    return entry
 
 
-def job_entry(name: str) -> JobEntry:
-    """The table's entry for ``name``.
+PIPELINE_JOBS: Table[PipelineJob] = Table(
+    what="pipeline job",
+    key="job",
+    entry_type=PipelineJob,
+    group="rlhf_ops.pipeline_jobs",
+    from_callable=_job_of,
+    imported_in=("rlhf_ops.pipeline.heavy",),
+)
+
+
+def pipeline_job(
+    name: str,
+    *,
+    request: type[R],
+    result: type[JobResult],
+    asset: str | None = None,
+    description: str = "",
+) -> Callable[[Callable[[R], dict[str, Any]]], Callable[[R], dict[str, Any]]]:
+    """Declares the decorated function the body of heavy job ``name`` and registers it in :data:`PIPELINE_JOBS`.
+
+    In a module of :mod:`rlhf_ops.pipeline.heavy` it is a built-in (the table imports every module there); a user's
+    module registers it when imported (a dotted path to the function imports it).
+    """
+
+    def mark(fn: Callable[[R], dict[str, Any]]) -> Callable[[R], dict[str, Any]]:
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        entry = PipelineJob(name=name, target=fn, description=doc, request=request, result=result, asset=asset)
+        known = PIPELINE_JOBS.known(name)
+        if known is not None and callable(known.target):
+            same = (known.target.__module__, known.target.__qualname__) == (fn.__module__, fn.__qualname__)
+            if not same:
+                raise ValueError(f"pipeline job {name!r} is declared twice; give one of them another name")
+            PIPELINE_JOBS.unregister(name)  # the same module imported again: its new objects replace the old
+        PIPELINE_JOBS.register(entry)
+        fn.pipeline_job = entry  # type: ignore[attr-defined]  # a dotted path to the body finds its entry
+        return fn
+
+    return mark
+
+
+def job_entry(name: str) -> PipelineJob:
+    """The table's entry for ``name``: a built-in's name, an entry point's, or a dotted path to a job's body.
 
     Raises:
-        ValueError: ``name`` is not a pipeline job.
+        ValueError: ``name`` is not a pipeline job (one line with the fix).
     """
-    if name not in JOBS:
-        raise ValueError(f"job {name!r} is not a pipeline job; choose one of {sorted(JOBS)}")
-    return JOBS[name]
+    return PIPELINE_JOBS.get(name)
 
 
 def parse_request(name: str, raw: str | Mapping[str, Any]) -> JobRequest:

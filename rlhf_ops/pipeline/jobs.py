@@ -1,4 +1,4 @@
-"""The Ray side of the pipeline's heavy jobs: ``rlhf pipeline-job <name>`` (``rlhf_ops.pipeline.job_requests.JOBS``).
+"""The Ray side of the pipeline's heavy jobs: ``rlhf pipeline-job <name>`` (``job_requests.PIPELINE_JOBS``).
 
 Each loads a tokenizer or a model, or reads and writes the run's folders, so it runs on the Ray cluster (the worker
 image), never in an Airflow process. ``rlhf_airflow.task_jobs.RayTaskJobOperator`` submits::
@@ -10,7 +10,8 @@ with the typed request (:mod:`rlhf_ops.pipeline.job_requests`) as JSON in ``$RLH
 1. imports the run's shipped code (``$RLHF_SHIPPED_MODULES``): a module that fails to import ends the job at once
    with one line naming it and the fix;
 2. parses the request (an unknown ``schema_version`` is one line);
-3. calls the entry's runner and leaves its result where :mod:`rlhf_ops.pipeline.job_results` says (the run's
+3. calls the job's body (its entry in the table: a built-in of :mod:`rlhf_ops.pipeline.heavy`, an entry point, or
+   a dotted path to a user's job) and leaves its result where :mod:`rlhf_ops.pipeline.job_results` says (the run's
    remote store, or a tagged last log line).
 
 A ``ValueError`` (``ConfigError``, ``DataQualityError``, the two checks above: a user mistake no retry can fix) is a
@@ -79,10 +80,10 @@ def run_job(name: str, *, environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     submission_id = current_submission_id(env)
     raw = env.get(REQUEST_ENV)
-    entry = job_entry(name)
     remote = _remote_run_url(raw)
     try:
-        check_shipped_modules(env)
+        check_shipped_modules(env)  # first: a shipped job's own module must import
+        entry = job_entry(name)
         if not raw:
             raise ValueError(f"${REQUEST_ENV} is empty: the pipeline passes the job's request there")
         request = parse_request(name, raw)

@@ -138,7 +138,8 @@ def test_fetch_champion_job_downloads_the_champion_into_the_work_folder_and_writ
     tracking_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)  # as RayTaskJobOperator passes mlflow_default
-    from rlhf_ops.pipeline.job_requests import FetchChampionRequest, RunRef
+    from rlhf_ops.pipeline.heavy.fetch_champion import FetchChampionRequest
+    from rlhf_ops.pipeline.job_requests import RunRef
 
     run = RunRef(
         dag_id="fetch_dag", run_id="manual__1", work_dir=str(tmp_path / "work"), remote_store_url=tmp_path.as_uri()

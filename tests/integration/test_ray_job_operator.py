@@ -290,7 +290,8 @@ def _prepare_job(
     the run has no remote store, so the result comes back as the job's tagged log line.
     """
     from rlhf_airflow.task_jobs import JobSpec, RayTaskJobOperator
-    from rlhf_ops.pipeline.job_requests import PrepareDataRequest, RunRef
+    from rlhf_ops.pipeline.heavy.prepare_data import PrepareDataRequest
+    from rlhf_ops.pipeline.job_requests import RunRef
     from rlhf_ops.pipeline.params import PipelineParams
 
     run_id = _unique("manual")

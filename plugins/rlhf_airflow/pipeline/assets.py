@@ -13,13 +13,22 @@ from typing import Any
 
 from airflow.sdk import Asset
 
-KINDS = ("prepared_data", "checkpoint", "registered_model", "champion")
+KINDS = ("champion",)
+"""The kinds no heavy job emits; the others are the heavy jobs' ``asset`` (prepared_data, checkpoint,
+registered_model: ``rlhf_ops.pipeline.job_requests.PIPELINE_JOBS``)."""
+
+
+def asset_kinds() -> tuple[str, ...]:
+    """Every kind: the heavy jobs' assets, then :data:`KINDS`."""
+    from rlhf_ops.pipeline.job_requests import PIPELINE_JOBS
+
+    return (*(job.asset for job in PIPELINE_JOBS if job.asset), *KINDS)
 
 
 def pipeline_asset(dag_id: str, kind: str) -> Asset:
-    """The Asset of ``kind`` (one of :data:`KINDS`) of pipeline ``dag_id``."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown asset kind {kind!r}; one of {KINDS}")
+    """The Asset of ``kind`` (one of :func:`asset_kinds`) of pipeline ``dag_id``."""
+    if kind not in asset_kinds():
+        raise ValueError(f"unknown asset kind {kind!r}; one of {asset_kinds()}")
     return Asset(
         name=f"{dag_id}.{kind}",
         uri=f"x-rlhf://{dag_id}/{kind.replace('_', '-')}",

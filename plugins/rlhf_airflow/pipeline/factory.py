@@ -8,9 +8,10 @@
 
 ``prepare_data``, ``fetch_champion`` (skipped unless ``warm_start`` is ``champion``), ``preflight``, ``train``,
 each ``evaluate_checkpoint``, ``sync_and_retain`` and ``register_model`` are Ray jobs submitted by the same hook
-and deferrable trigger (all but ``train`` through ``rlhf_airflow.task_jobs.RayTaskJobOperator``, typed requests
-from ``rlhf_ops.pipeline.job_requests``): nothing in an Airflow process loads torch, a tokenizer or a model, or
-reads or writes the cluster's work folder, and every job ships the run's code (the spec's ``code``, and the form's
+and deferrable trigger (all but ``train`` through ``rlhf_airflow.task_jobs.RayTaskJobOperator``: a job module of
+``rlhf_ops.pipeline.heavy`` builds each typed request and names its Asset, so a heavy task is its job module and its
+line here). Nothing in an Airflow process loads torch, a tokenizer or a model, or reads or writes the cluster's work
+folder, and every job ships the run's code (the spec's ``code``, and the form's
 ``code`` as far as ``allowed_code`` allows). ``train`` and each ``evaluate_checkpoint`` take slots
 of the cluster pool (``rlhf_airflow.pools``); with a spec's ``approval`` on, ``approve_champion`` (human in the
 loop) sits between ``register_model`` and ``promote_champion`` (``rlhf_airflow.pipeline.approval``).
@@ -97,7 +98,7 @@ def build_pipeline_dag(
     conns = {"s3_conn_id": s3_conn_id, "mlflow_conn_id": mlflow_conn_id}
     on_failure = partial(on_task_failure, mlflow_conn_id=mlflow_conn_id, api_conn_id=api_conn_id)
     policy = dict(override_policy or {})
-    heavy = partial(_heavy_job, ray_conn_id=ray_conn_id, conns=conns, code_policy=policy)
+    heavy = partial(heavy_task, dag_id=dag_id, ray_conn_id=ray_conn_id, conns=conns, code_policy=policy)
     with DAG(
         dag_id,
         schedule=schedule,
@@ -116,19 +117,13 @@ def build_pipeline_dag(
             "prepare_data",
             job="prepare_data",
             request={"override_policy": policy},
-            build_request=tasks.prepare_data_request,
-            on_result=tasks.prepared_data_done,
-            outlets=[pipeline_asset(dag_id, "prepared_data")],
         ).output
         # Skipped unless params.warm_start is "champion"; preflight puts its model folder into the config.
-        champion: Any = heavy(
-            "fetch_champion", job="fetch_champion", build_request=tasks.fetch_champion_request
-        ).output
+        champion: Any = heavy("fetch_champion", job="fetch_champion").output
         plan: Any = heavy(
             "preflight",
             job="preflight",
             request={"prepared": prepared, "champion": champion, "override_policy": policy},
-            build_request=tasks.preflight_request,
             multiple_outputs=True,
             trigger_rule="none_failed",
         ).output
@@ -146,16 +141,13 @@ def build_pipeline_dag(
             evaluate=partial(
                 heavy,
                 "evaluate_checkpoint",
-                outlets=[pipeline_asset(dag_id, "checkpoint")],
                 pool=cluster.name,
                 pool_slots=cluster.eval_slots,
             ),
             poke_s=checkpoint_poke_s,
             timeout_s=checkpoint_timeout_s,
         )
-        retained = heavy(
-            "sync_and_retain", job="retain", build_request=tasks.retain_request, trigger_rule="none_failed"
-        )
+        retained = heavy("sync_and_retain", job="retain", trigger_rule="none_failed")
         [train, evaluations] >> retained
         registered: Any = heavy(
             "register_model",
@@ -166,9 +158,6 @@ def build_pipeline_dag(
                 "registered_name": plan["registered_model_name"],
                 "move": not gate.enabled,  # with the gate, promote_champion moves it after the approval
             },
-            build_request=tasks.register_request,
-            on_result=tasks.registration_done,
-            outlets=[pipeline_asset(dag_id, "registered_model")],
         ).output
         retained >> registered
         champion = task(task_id="promote_champion", outlets=[pipeline_asset(dag_id, "champion")])(
@@ -209,14 +198,35 @@ def _train(
     )
 
 
-def _heavy_job(task_id: str, *, ray_conn_id: str, conns: dict[str, str | None], **kwargs: Any) -> RayTaskJobOperator:
-    """A task that loads a tokenizer or a model, as a Ray job on the cluster (``rlhf_airflow.task_jobs``)."""
+def heavy_task(
+    task_id: str,
+    *,
+    job: str,
+    dag_id: str,
+    ray_conn_id: str = "ray_default",
+    conns: Mapping[str, str | None] | None = None,
+    **kwargs: Any,
+) -> RayTaskJobOperator:
+    """A task that loads a tokenizer or a model, as a Ray job on the cluster (``rlhf_airflow.task_jobs``).
+
+    ``job`` is an entry of ``rlhf_ops.pipeline.job_requests.PIPELINE_JOBS`` (a built-in's name, or a dotted path to a
+    user's job); its request model builds the request. A job with an Asset makes it the task's outlet, and its
+    request's ``event_extra`` goes on the event.
+    """
+    from rlhf_ops.pipeline.job_requests import job_entry
+
+    asset = job_entry(job).asset
+    if asset is not None:
+        kwargs.setdefault("outlets", [pipeline_asset(dag_id, asset)])
+        kwargs.setdefault("on_result", partial(tasks.job_event, asset))
+    conns = conns or {}
     return RayTaskJobOperator(
         task_id=task_id,
+        job=job,
         ray_conn_id=ray_conn_id,
         ray_address="{{ params.ray_address or '' }}",
-        s3_conn_id=conns["s3_conn_id"],
-        mlflow_conn_id=conns["mlflow_conn_id"],
+        s3_conn_id=conns.get("s3_conn_id"),
+        mlflow_conn_id=conns.get("mlflow_conn_id"),
         deferrable=True,
         poll_interval=2,
         **kwargs,
@@ -243,8 +253,6 @@ def _evaluations(
         evaluate(
             job="evaluate",
             request={"found": found, "config": plan["config"], "mlflow_run_id": tracking["mlflow_run_id"]},
-            build_request=tasks.evaluate_request,
-            on_result=tasks.evaluation_done,
             max_active_tis_per_dagrun=1,
         )
 

@@ -2,9 +2,9 @@
 
 The tasks that load a tokenizer or a model, or read or write the run's folders (``prepare_data``,
 ``fetch_champion``, ``preflight``, ``evaluate_checkpoint``, ``sync_and_retain``, ``register_model``) are Ray jobs
-(``rlhf_airflow.task_jobs.RayTaskJobOperator``); here are only their typed requests (``*_request``, models of
-``rlhf_ops.pipeline.job_requests``) and what is done with their results on the Airflow side (``*_done``: Asset
-event extras). Every task in an Airflow process stays torch-free and shares no folder with the cluster.
+(``rlhf_airflow.task_jobs.RayTaskJobOperator``): each job's module in ``rlhf_ops.pipeline.heavy`` builds its request
+and its Asset event's extras, so of them only :func:`job_event` is here, which puts those extras on the event. Every
+task in an Airflow process stays torch-free and shares no folder with the cluster.
 
 Every import of the platform library happens inside a function, at run time: parsing a DAG file never
 imports torch, transformers or MLflow. This worker's own credentials come from Airflow connections
@@ -29,10 +29,10 @@ from rlhf_airflow.compat import (
     AirflowSkipException,
 )
 from rlhf_airflow.pipeline.assets import set_event_extra
+from rlhf_airflow.task_jobs import params_of
 
 log = logging.getLogger(__name__)
 
-HEADLINE_METRICS = ("eval/acc", "eval/reward/mean", "eval/mean_acc", "eval/pass_at_4", "eval/num_prompts")
 FAILED_STATES = frozenset({"failed", "upstream_failed"})
 
 
@@ -51,82 +51,11 @@ def connection_env(*, s3_conn_id: str | None, mlflow_conn_id: str | None) -> dic
     return env
 
 
-def _params(context: Mapping[str, Any]) -> Any:
-    from rlhf_ops.pipeline.params import parse_params
-
-    try:
-        return parse_params(context["params"])
-    except ValueError as exc:
-        raise AirflowFailException(f"invalid pipeline parameters: {exc}") from None
-
-
-def run_ref(params: Any, context: Mapping[str, Any]) -> Any:
-    """Which run a job works for (``RunRef``): the job resolves its folders on the Ray side."""
-    from rlhf_ops.pipeline.job_requests import RunRef
-
-    return RunRef(
-        dag_id=context["dag"].dag_id,
-        run_id=context["run_id"],
-        work_dir=params.work_dir,
-        remote_store_url=params.remote_store_url,
-    )
-
-
-def prepare_data_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``prepare_data`` Ray job's request: the form's values, the run, the DAG's override policy."""
-    from rlhf_airflow.task_jobs import JobSpec
-    from rlhf_ops.pipeline.job_requests import PrepareDataRequest
-
-    params = _params(context)
-    body = PrepareDataRequest(
-        run=run_ref(params, context),
-        params=params.model_dump(mode="json"),
-        override_policy=dict(request.get("override_policy") or {}),
-    )
-    return JobSpec(request=body)
-
-
-def prepared_data_done(prepared: dict[str, Any], request: Any, context: Any) -> None:
-    """The ``prepared_data`` Asset event's extras, from the job's result."""
-    from rlhf_ops.pipeline.layout import run_key
-
-    keys = ("run_url", "train_url", "val_url", "num_train", "num_val", "num_rejected", "manifest_url")
-    extra = {k: prepared.get(k) for k in keys} | {"airflow_run_id": run_key(request.run.run_id)}
-    set_event_extra(context, "prepared_data", extra)
-
-
-def fetch_champion_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``fetch_champion`` Ray job's request; the task is skipped unless the run warm-starts from the champion."""
-    from rlhf_airflow.task_jobs import JobSpec
-    from rlhf_ops.pipeline.job_requests import FetchChampionRequest
-
-    params = _params(context)
-    if params.warm_start != "champion":
-        raise AirflowSkipException(f"warm_start is {params.warm_start!r}: no champion to fetch")
-    run = run_ref(params, context)
-    return JobSpec(request=FetchChampionRequest(run=run, registered_name=params.registered_name(run.dag_id)))
-
-
-def preflight_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``preflight`` Ray job's request: resolve + validate the config, check what the run needs where the
-    run's files and shipped code are (the cluster), plan the checkpoints.
-
-    ``request["champion"]`` is ``fetch_champion``'s result (None: skipped, the run starts from scratch); its model
-    folder becomes ``model.path``.
-    """
-    from rlhf_airflow.task_jobs import JobSpec
-    from rlhf_ops.pipeline.job_requests import PreflightRequest
-
-    params = _params(context)
-    champion = request.get("champion") or {}
-    body = PreflightRequest(
-        run=run_ref(params, context),
-        params=params.model_dump(mode="json"),
-        prepared=dict(request["prepared"]),
-        model_path=champion.get("model_dir") if params.warm_start == "champion" else None,
-        override_policy=dict(request.get("override_policy") or {}),
-    )
-    return JobSpec(request=body)
+def job_event(asset: str, value: dict[str, Any], request: Any, context: Any) -> None:
+    """A heavy task's ``on_result`` (bound to its job's Asset by the factory): the request's ``event_extra``."""
+    extra = request.event_extra(value)
+    if extra is not None:
+        set_event_extra(context, asset, extra)
 
 
 def start_tracking(
@@ -136,7 +65,7 @@ def start_tracking(
     from rlhf_ops.pipeline.layout import patched_environ
     from rlhf_ops.pipeline.tracking import start_tracking as start
 
-    params, ti = _params(context), context["ti"]
+    params, ti = params_of(context), context["ti"]
     with patched_environ(connection_env(**conns)):
         return start(
             config=plan["config"],
@@ -194,86 +123,6 @@ def wait_for_checkpoint(
         log.info("global_step_%d is not committed yet (train: %s)", step, train_state)
         return PokeReturnValue(is_done=False)
     return PokeReturnValue(is_done=True, xcom_value={"step": step, "location": found})
-
-
-def _gpus(config: Mapping[str, Any]) -> float | None:
-    """One GPU for a job whose driver loads the model, when the run trains on CUDA."""
-    return 1.0 if config["resources"]["device"] == "cuda" else None
-
-
-def evaluate_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``evaluate`` Ray job's request: the found checkpoint, the run's config, the form's settings."""
-    from rlhf_airflow.task_jobs import JobSpec
-    from rlhf_ops.pipeline.job_requests import EvaluateRequest
-
-    params = _params(context)
-    found, config = request["found"], request["config"]
-    body = EvaluateRequest(
-        run=run_ref(params, context),
-        step=int(found["step"]),
-        location=str(found["location"]),
-        config=config,
-        mlflow_run_id=request["mlflow_run_id"],
-        n_samples=params.eval_n_samples,
-        max_prompts=params.eval_max_prompts,
-        engine=params.eval_engine,
-    )
-    return JobSpec(request=body, num_gpus=_gpus(config))
-
-
-def evaluation_done(result: dict[str, Any], request: Any, context: Any) -> None:
-    """The ``checkpoint`` Asset event's extras (step, location, headline metrics), from the job's result."""
-    headline = {k: v for k, v in result["metrics"].items() if k in HEADLINE_METRICS}
-    extra = {"step": result["step"], "checkpoint": request.location, "metrics": headline}
-    set_event_extra(context, "checkpoint", extra | {"mlflow_run_id": request.mlflow_run_id})
-
-
-def retain_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``retain`` Ray job's request: final sync to the remote store, then keep the last ``keep_last``
-    checkpoints and the best (on the cluster, where the local run folder is)."""
-    from rlhf_airflow.task_jobs import JobSpec
-    from rlhf_ops.pipeline.job_requests import RetainRequest
-
-    params = _params(context)
-    body = RetainRequest(
-        run=run_ref(params, context),
-        keep_last=params.keep_last,
-        metric=params.eval_metric,
-        promotion=params.promotion.model_dump(mode="json"),
-    )
-    return JobSpec(request=body)
-
-
-def register_request(request: Mapping[str, Any], context: Any) -> Any:
-    """The ``register`` Ray job's request: the run's config, the form's metric and promotion test.
-
-    ``request["move"]`` False (the approval gate is on): the job decides and logs, and the alias waits for
-    ``promote_champion`` after the approval.
-    """
-    from rlhf_airflow.task_jobs import JobSpec
-    from rlhf_ops.pipeline.job_requests import RegisterRequest
-
-    params = _params(context)
-    body = RegisterRequest(
-        run=run_ref(params, context),
-        config=request["config"],
-        mlflow_run_id=request["mlflow_run_id"],
-        registered_name=request["registered_name"],
-        metric=params.eval_metric,
-        promotion=params.promotion.model_dump(mode="json"),
-        eval_n_samples=params.eval_n_samples,
-        eval_max_prompts=params.eval_max_prompts,
-        move=bool(request.get("move", True)),
-        engine=params.eval_engine,
-    )
-    return JobSpec(request=body, num_gpus=_gpus(request["config"]))
-
-
-def registration_done(result: dict[str, Any], request: Any, context: Any) -> None:
-    """The ``registered_model`` Asset event's extras, from the job's result."""
-    keys = ("registered_name", "version", "model_uri", "best_step", "metric", "value", "summary")
-    extra = {k: result.get(k) for k in keys} | {"mlflow_run_id": request.mlflow_run_id}
-    set_event_extra(context, "registered_model", extra)
 
 
 def promote_champion(

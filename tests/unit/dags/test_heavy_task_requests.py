@@ -20,43 +20,43 @@ import json, sys, types
 from airflow.sdk.exceptions import AirflowSkipException
 from rlhf_airflow.pipeline.factory import build_pipeline_dag
 from rlhf_airflow.task_jobs import RayTaskJobOperator
-from rlhf_ops.pipeline.job_requests import JOBS, parse_request
+from rlhf_ops.pipeline.job_requests import PIPELINE_JOBS, parse_request
 
 dag = build_pipeline_dag("d", override_policy={"code": {"py_modules": ["/opt/team/rewards"]}})
 heavy = {t.task_id: t for t in dag.tasks if isinstance(t, RayTaskJobOperator)}
 assert sorted(heavy) == [
     "evaluate.evaluate_checkpoint", "fetch_champion", "preflight", "prepare_data", "register_model", "sync_and_retain"
 ]
-assert {t.job for t in heavy.values()} == set(JOBS)  # every job of the table has its task, and no other
+assert {t.job for t in heavy.values()} == set(PIPELINE_JOBS.builtin_names())  # each built-in job has its task
 assert all(t.code_policy == {"code": {"py_modules": ["/opt/team/rewards"]}} for t in heavy.values())
 assert dag.get_task("train").code_policy == heavy["prepare_data"].code_policy
 params = {k: dag.params[k] for k in dag.params}
 params["work_dir"] = WORK
 ctx = {"dag": dag, "run_id": "manual__1", "params": params}
-prep = heavy["prepare_data"].build_request({"override_policy": {"extra_allowed": ["model.lora.*"]}}, ctx)
+prep = heavy["prepare_data"].request_for({"override_policy": {"extra_allowed": ["model.lora.*"]}}, ctx)
 assert prep.request.run.work_dir == WORK and prep.request.override_policy["extra_allowed"] == ["model.lora.*"]
 assert prep.request.params["preset"] == "tiny-cpu" and prep.num_gpus is None
 assert prep.request.schema_version == 1
 config = {"resources": {"device": "cuda"}, "rollout": {"engine": "vllm"}}
 found = {"step": 2, "location": "s3://b/run/global_step_2"}
 ev_request = {"found": found, "config": config, "mlflow_run_id": "abc"}
-ev = heavy["evaluate.evaluate_checkpoint"].build_request(ev_request, ctx)
+ev = heavy["evaluate.evaluate_checkpoint"].request_for(ev_request, ctx)
 assert (ev.request.step, ev.request.engine, ev.num_gpus) == (2, "auto", 1.0)
-reg = heavy["register_model"].build_request(
+reg = heavy["register_model"].request_for(
     {"config": config, "mlflow_run_id": "abc", "registered_name": "m", "move": False}, ctx
 )
 assert reg.request.move is False and reg.request.metric == "eval/reward/mean"
-ret = heavy["sync_and_retain"].build_request({}, ctx)
+ret = heavy["sync_and_retain"].request_for({}, ctx)
 assert ret.request.keep_last == 2
-pre = heavy["preflight"].build_request({"prepared": {"num_train": 4}, "champion": None}, ctx)
+pre = heavy["preflight"].request_for({"prepared": {"num_train": 4}, "champion": None}, ctx)
 assert pre.request.model_path is None and pre.request.prepared == {"num_train": 4}
 try:  # warm_start scratch (the default): skipped before anything is submitted
-    heavy["fetch_champion"].build_request({}, ctx)
+    heavy["fetch_champion"].request_for({}, ctx)
     raise AssertionError("fetch_champion was not skipped")
 except AirflowSkipException as exc:
     assert "warm_start is 'scratch'" in str(exc)
 champ_ctx = {**ctx, "params": {**params, "warm_start": "champion"}}
-fetch = heavy["fetch_champion"].build_request({}, champ_ctx)
+fetch = heavy["fetch_champion"].request_for({}, champ_ctx)
 assert fetch.request.registered_name == "d-tiny-cpu" and fetch.num_gpus is None
 for op, spec in ((heavy["prepare_data"], prep), (heavy["evaluate.evaluate_checkpoint"], ev),
                  (heavy["register_model"], reg), (heavy["fetch_champion"], fetch), (heavy["preflight"], pre),

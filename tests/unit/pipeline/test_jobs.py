@@ -3,14 +3,14 @@ shared folder); user mistakes, unknown versions and shipped code that does not i
 
 from __future__ import annotations
 
-import importlib
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 
-from rlhf_ops.pipeline.job_requests import JOBS, PrepareDataRequest, RunRef, parse_request
+from rlhf_ops.pipeline.heavy.prepare_data import PrepareDataRequest
+from rlhf_ops.pipeline.job_requests import PIPELINE_JOBS, RunRef, parse_request
 from rlhf_ops.pipeline.job_results import (
     current_submission_id,
     job_entrypoint,
@@ -30,12 +30,15 @@ def _request(tmp_path: Path, *, remote: str | None = None, **params: object) -> 
 
 def test_entrypoint_names_a_job_of_the_table() -> None:
     assert shlex.split(job_entrypoint("evaluate")) == ["python", "-m", "rlhf_ops.cli", "pipeline-job", "evaluate"]
-    with pytest.raises(ValueError, match=r"job 'train' is not a pipeline job; choose one of \['evaluate'"):
+    with pytest.raises(ValueError, match=r"job='train' is not a registered pipeline job; set one of \['"):
         job_entrypoint("train")
-    assert set(JOBS) == {"prepare_data", "fetch_champion", "preflight", "evaluate", "retain", "register"}
-    for entry in JOBS.values():  # each runner is where the table says (the table names it by dotted path)
-        module, _, function = entry.runner.partition(":")
-        assert callable(getattr(importlib.import_module(module), function)), entry.runner
+    # the built-ins are the modules of rlhf_ops.pipeline.heavy, found without a list anywhere
+    assert sorted(PIPELINE_JOBS.builtin_names()) == sorted(
+        ["prepare_data", "fetch_champion", "preflight", "evaluate", "retain", "register"]
+    )
+    for entry in PIPELINE_JOBS:  # each body is the decorated function of its module
+        assert entry.load().__module__ == f"rlhf_ops.pipeline.heavy.{entry.name}", entry
+        assert entry.load().pipeline_job is entry
 
 
 def test_submission_id_follows_the_hooks_retry_naming() -> None:

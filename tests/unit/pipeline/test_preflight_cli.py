@@ -78,7 +78,8 @@ def test_config_show_check(tmp_path: Path) -> None:
 
 
 def test_the_preflight_job_fails_in_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rlhf_ops.pipeline.job_requests import PreflightRequest, RunRef
+    from rlhf_ops.pipeline.heavy.preflight import PreflightRequest
+    from rlhf_ops.pipeline.job_requests import RunRef
     from rlhf_ops.pipeline.job_results import result_from_logs
     from rlhf_ops.pipeline.jobs import run_job
     from rlhf_ops.pipeline.params import PipelineParams
