@@ -1,7 +1,8 @@
 """Creates the Ray resource pool and the role worker groups of one run, and tears them down.
 
-Colocation: every role runs on the same bundles (one per rank); each role is its own group of
-processes sharing the bundle's CPUs/GPU by a fractional request.
+The roles are the entries of :data:`workers.roles.WORKER_ROLES`, started in table order when the run needs them.
+Colocation: every role runs on the same bundles (one per rank); each role is its own group of processes sharing
+the bundle's CPUs/GPU by a fractional request.
 """
 
 from __future__ import annotations
@@ -12,11 +13,8 @@ from typing import Any
 
 from rlhf_ops.config.batch_plan import BatchPlan
 from rlhf_ops.config.schema import RunConfig
-from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker, Role
-from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
 from workers.clients import ActorRolloutRefClient, CriticClient, RewardModelClient
-from workers.critic.critic_worker import CriticSpec, CriticWorker
-from workers.reward_model.reward_model_worker import RewardModelSpec, RewardModelWorker
+from workers.roles import RoleContext, WorkerRole, active_roles
 from workers.single_controller.resource_pool import RayResourcePool
 from workers.single_controller.worker import Worker
 from workers.single_controller.worker_group import RayWorkerGroup
@@ -24,13 +22,26 @@ from workers.single_controller.worker_group import RayWorkerGroup
 
 @dataclass
 class RoleGroups:
-    """The clients the controller uses, and what must be shut down after."""
+    """The clients the controller uses (one per started role, by role name), and what must be shut down after."""
 
-    actor_rollout_ref: ActorRolloutRefClient
-    critic: CriticClient | None
-    reward_model: RewardModelClient | None
+    clients: dict[str, Any]
     pool: RayResourcePool
     groups: list[RayWorkerGroup[Any]] = field(default_factory=list)
+
+    @property
+    def actor_rollout_ref(self) -> ActorRolloutRefClient:
+        client: ActorRolloutRefClient = self.clients["actor_rollout_ref"]
+        return client
+
+    @property
+    def critic(self) -> CriticClient | None:
+        client: CriticClient | None = self.clients.get("critic")
+        return client
+
+    @property
+    def reward_model(self) -> RewardModelClient | None:
+        client: RewardModelClient | None = self.clients.get("reward_model")
+        return client
 
     def shutdown(self) -> None:
         for group in self.groups:
@@ -39,6 +50,18 @@ class RoleGroups:
 
 
 RoleRow = tuple[str, type[Worker], Any]
+
+
+def _needed(config: RunConfig, plan: BatchPlan, ctx: RoleContext) -> list[tuple[WorkerRole, str, type[Worker], Any]]:
+    """``(entry, group name, worker class, spec)`` of every role the run needs, in table order. A spec's ``role``
+    field, when it has one, names the group (the actor group is ``actor_rollout`` without a reference)."""
+    rows = []
+    for role in active_roles():
+        built = role.build(config, plan, ctx)
+        if built is not None:
+            worker_cls, spec = built
+            rows.append((role, str(getattr(spec, "role", None) or role.name), worker_cls, spec))
+    return rows
 
 
 def role_table(
@@ -55,61 +78,14 @@ def role_table(
 
     Each spec holds the role's own sections of the config (never the root) and its part of ``plan``.
     """
-    res = config.resources
-    role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
-    # rollout.mode=async: the same worker with a vLLM AsyncLLM engine (engine core in its own process).
-    actor_cls = AsyncActorRolloutRefWorker if config.rollout.mode == "async" else ActorRolloutRefWorker
-    rows: list[RoleRow] = [
-        (
-            role,
-            actor_cls,
-            ActorRolloutRefSpec(
-                role=role,
-                model_path=model_path,
-                model=config.model,
-                actor=config.actor,
-                ref=config.ref,
-                rollout=config.rollout,
-                algorithm=config.algorithm,
-                plan=plan,
-                pad_token_id=pad_token_id,
-                eos_token_id=eos_token_id,
-                seed=config.trainer.seed,
-                device=res.device,
-                num_threads=res.threads_per_worker,
-                profile_steps=profile_steps,
-                profile_dir=profile_dir,
-                live_metrics="prometheus" in config.trainer.logger,
-            ),
-        )
-    ]
-    if config.needs_critic:
-        assert plan.critic is not None
-        critic = CriticSpec(
-            model_path=config.critic.model_path or model_path,
-            model=config.model,
-            critic=config.critic,
-            algorithm=config.algorithm,
-            plan=plan.critic,
-            seed=config.trainer.seed,
-            device=res.device,
-            profile_steps=profile_steps,
-            profile_dir=profile_dir,
-        )
-        rows.append(("critic", CriticWorker, critic))
-    if config.reward.model_path is not None:
-        assert plan.reward_model is not None
-        reward_model = RewardModelSpec(
-            model_path=config.reward.model_path,
-            micro_batch_size=config.reward.micro_batch_size_per_gpu,
-            dtype=config.model.dtype,
-            attn_implementation=config.model.attn_implementation,
-            fsdp=config.reward.fsdp,
-            mesh=plan.reward_model,
-            device=res.device,
-        )
-        rows.append(("reward_model", RewardModelWorker, reward_model))
-    return rows
+    ctx = RoleContext(
+        model_path=model_path,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        profile_steps=profile_steps,
+        profile_dir=profile_dir,
+    )
+    return [(name, worker_cls, spec) for _, name, worker_cls, spec in _needed(config, plan, ctx)]
 
 
 def launch_role_groups(
@@ -127,15 +103,14 @@ def launch_role_groups(
     """
     res = config.resources
     # Absolute on the driver: Ray workers may run in another working directory (multi-node: a shared FS).
-    rows = role_table(
-        config,
-        plan,
+    ctx = RoleContext(
         model_path=model_path,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         profile_steps=tuple(config.trainer.profile_steps),
         profile_dir=os.path.abspath(config.trainer.profile_dir),
     )
+    rows = _needed(config, plan, ctx)
     pool = RayResourcePool(
         [res.nproc_per_node] * res.nnodes,
         use_gpu=res.device == "cuda",
@@ -146,12 +121,12 @@ def launch_role_groups(
         # A run that finds the cluster taken by other runs waits its turn instead of failing after a minute.
         ready_timeout_s=res.placement_timeout_s,
     )
-    share = 1.0 / len(rows)  # every role on every bundle, each a fraction of its CPUs / GPU
+    share = 1.0 / len(rows)  # every role on every bundle (pool "colocated"), each a fraction of its CPUs / GPU
     # NCCL refuses two ranks on one device ("Duplicate GPU detected"): ranks sharing a GPU talk over gloo.
     backend = "nccl" if res.device == "cuda" and res.gpus_per_worker >= 1.0 else "gloo"
     groups: dict[str, RayWorkerGroup[Any]] = {}
     try:
-        for name, worker_cls, spec in rows:
+        for _, name, worker_cls, spec in rows:
             groups[name] = RayWorkerGroup(
                 pool,
                 worker_cls,
@@ -162,17 +137,10 @@ def launch_role_groups(
             )
         for group in groups.values():
             group.call("init_model")
+        clients = {role.name: role.wrap(groups[name], config) for role, name, _, _ in rows}
     except BaseException:
         for group in groups.values():
             group.shutdown()
         pool.shutdown()
         raise
-    arr = groups.get("actor_rollout_ref", groups.get("actor_rollout"))
-    assert arr is not None
-    return RoleGroups(
-        actor_rollout_ref=ActorRolloutRefClient(arr, watchdog_s=config.trainer.rollout_watchdog_s),
-        critic=CriticClient(groups["critic"]) if "critic" in groups else None,
-        reward_model=RewardModelClient(groups["reward_model"]) if "reward_model" in groups else None,
-        pool=pool,
-        groups=list(groups.values()),
-    )
+    return RoleGroups(clients=clients, pool=pool, groups=list(groups.values()))

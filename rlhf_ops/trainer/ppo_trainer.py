@@ -97,8 +97,12 @@ class PPOTrainer:
         eos_token_ids: Sequence[int] | None = None,
         preemption: PreemptionNotice | None = None,
         async_rollout: RolloutGroup | None = None,
+        roles: Mapping[str, Any] | None = None,
     ) -> None:
         self.config, self.plan = config, plan
+        self.roles = dict(
+            roles or {}
+        )  # every started worker role's client by name: a stage of a new role reads its own
         self.actor_rollout_ref, self.critic, self.reward = actor_rollout_ref, critic, reward
         self.train_loader, self.val_loader = train_loader, val_loader
         self.logger, self.tokenizer, self.checkpointer = logger, tokenizer, checkpointer

@@ -54,3 +54,30 @@ def test_user_entries_by_dotted_path_train_a_step(tmp_path: Path, tiny_model_dir
     assert metrics["actor/kl_loss"] == pytest.approx(extension_entries.KL_VALUE, abs=1e-6)
     assert "timing_s/worker/test_engine" in metrics
     assert metrics["actor/grad_norm"] > 0
+
+
+def test_a_user_worker_role_starts_beside_the_built_ins_and_answers_its_dispatch(tiny_model_dir: str) -> None:
+    import torch
+
+    from rlhf_ops.config import derive_batch_plan
+    from rlhf_ops.protocol import DataProto
+    from tests.support.extension_role import ROLE
+    from workers.launcher import launch_role_groups
+    from workers.roles import WORKER_ROLES
+
+    config = load_config("tiny-cpu", [f"model.path={tiny_model_dir}", "algorithm.gamma=0.5"])
+    plan = derive_batch_plan(config, steps_per_epoch=4)
+    WORKER_ROLES.register(ROLE)
+    try:
+        groups = launch_role_groups(config, plan, model_path=tiny_model_dir, pad_token_id=0, eos_token_id=(2,))
+    finally:
+        WORKER_ROLES.unregister(ROLE.name)
+    try:
+        assert list(groups.clients) == ["actor_rollout_ref", "length_scorer"]  # table order, the built-in first
+        mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+        out = groups.clients["length_scorer"].score_lengths(DataProto.from_dict({"response_mask": mask}))
+        assert out.batch["length_scores"].tolist() == [1.5, 0.5, 1.0, 2.0]  # tokens 3, 1, 2, 4 times gamma 0.5
+        world = config.resources.nproc_per_node * config.resources.nnodes
+        assert sorted(set(out.batch["scored_by"].tolist())) == [float(r) for r in range(world)]  # split over ranks
+    finally:
+        groups.shutdown()

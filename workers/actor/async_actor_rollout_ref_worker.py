@@ -1,7 +1,7 @@
 """``AsyncActorRolloutRefWorker``: the ActorRolloutRef worker whose rollout is vLLM's ``AsyncLLM``.
 
-Selected by ``rollout.mode=async`` (``workers.launcher.role_table``). Everything but the engine is the parent's:
-the FSDP2 actor and reference, the sharding manager (gather bucket by bucket, mark dirty after each update,
+Selected by ``rollout.mode=async`` (``workers.role_specs.actor_rollout_ref``). Everything but the engine is the
+parent's: the FSDP2 actor and reference, the sharding manager (gather bucket by bucket, mark dirty after each update,
 resume / release around generation) and the worker-group methods, which stay synchronous for the
 controller. The engine (:class:`~workers.rollout.async_vllm_rollout.AsyncVLLMRollout`) runs its engine core
 in another process and an event loop on a thread of this one: ``generate_sequences`` submits every sample as

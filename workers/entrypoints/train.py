@@ -265,6 +265,7 @@ def run_training(config: RunConfig, *, ray_address: str | None = None) -> Any:
             eos_token_ids=eos_ids,
             preemption=preemption,
             async_rollout=async_group,
+            roles=groups.clients,
         )
         rollout_dump.attach(trainer, config, model_dir=model_path)
         state = trainer.fit()

@@ -50,3 +50,36 @@ def test_async_rollout_mode_selects_the_async_worker() -> None:
     assert issubclass(cls, ActorRolloutRefWorker) and spec.rollout.mode == "async"  # type: ignore[attr-defined]
     [(_, sync_cls, _)] = _rows(["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576"])
     assert sync_cls is ActorRolloutRefWorker  # the default rollout.mode=sync keeps the sync worker
+
+
+def test_a_registered_user_role_is_started_after_the_built_ins() -> None:
+    from tests.support.extension_role import ROLE, ResponseLengthWorker
+    from workers.roles import WORKER_ROLES
+
+    WORKER_ROLES.register(ROLE)
+    try:
+        rows = _rows(["algorithm.gamma=0.5"])
+    finally:
+        WORKER_ROLES.unregister(ROLE.name)
+    assert [(name, cls) for name, cls, _ in rows] == [
+        ("actor_rollout_ref", ActorRolloutRefWorker),
+        ("length_scorer", ResponseLengthWorker),
+    ]
+    assert rows[1][2].scale == 0.5  # type: ignore[attr-defined]  # its spec, from its own builder
+
+
+def test_a_role_whose_worker_lacks_a_dispatch_method_is_refused_in_one_line() -> None:
+    import dataclasses
+
+    import pytest
+
+    from tests.support.extension_role import ROLE
+    from workers.roles import WORKER_ROLES
+
+    broken = dataclasses.replace(ROLE, name="broken_scorer", methods=("init_model", "score_everything"))
+    WORKER_ROLES.register(broken)
+    try:
+        with pytest.raises(ValueError, match=r"'broken_scorer': ResponseLengthWorker registers no dispatch method "):
+            _rows([])
+    finally:
+        WORKER_ROLES.unregister(broken.name)
