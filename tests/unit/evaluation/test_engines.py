@@ -3,6 +3,7 @@ package, selected by dotted path or registered by name, is the one that decodes.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -60,6 +61,16 @@ def test_a_missing_package_is_refused_with_the_reason(tiny_model_dir: str, val_d
         assert eval_engine({"rollout": {"engine": "vllm"}}, "hf") == "hf"
     finally:
         ROLLOUT_ENGINES.unregister("needs_pkg")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed here")
+def test_sglang_is_selectable_for_evaluation_and_refused_here_with_the_reason(
+    tiny_model_dir: str, val_data: EvalData
+) -> None:
+    EvalSettings(engine="sglang")  # a valid value: the engine table's entry
+    with pytest.raises(ValueError, match="engine=sglang: sglang needs the Python package 'sglang'") as info:
+        _report(tiny_model_dir, val_data, "sglang")
+    assert "has not run on this project's machines" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_an_unknown_engine_is_one_clear_error() -> None:
