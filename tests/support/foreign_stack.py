@@ -105,6 +105,10 @@ def _run(cmd: list[str], *, timeout_s: float) -> None:
 # The AWS chain the provider brings (the Amazon provider's hook, s3fs): without pins pip backtracks through years of
 # boto3 / aiobotocore / s3fs releases (over 12 minutes). A team's own Airflow constraints file plays this part.
 AWS_CHAIN = ("apache-airflow-providers-amazon", "aiobotocore", "boto3", "botocore", "s3fs", "fsspec")
+# Airflow 3.1's Fernet wrapper sets an attribute on cryptography's MultiFernet, a Rust object from cryptography 51
+# on: every connection with a password then reads as "isn't defined" (AttributeError 'is_encrypted', logged and
+# swallowed by the secrets lookup). Airflow's own constraints file pins it for a team; the lock does here.
+AIRFLOW_31_PINS = ("cryptography",)
 
 
 def locked(names: Sequence[str]) -> list[str]:
@@ -115,7 +119,7 @@ def locked(names: Sequence[str]) -> list[str]:
 
 def airflow_venv(wheels: dict[str, Path]) -> Path:
     """Another Airflow 3 release, no torch, and the provider wheel installed alone (it pulls the library core)."""
-    requirements = [f"apache-airflow=={FOREIGN_AIRFLOW}", "{provider}", *locked(AWS_CHAIN)]
+    requirements = [f"apache-airflow=={FOREIGN_AIRFLOW}", "{provider}", *locked(AWS_CHAIN), *locked(AIRFLOW_31_PINS)]
     return cached_venv("airflow", requirements, wheels=wheels, reinstall=("library", "provider"))
 
 
