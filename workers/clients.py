@@ -15,7 +15,6 @@ from rlhf_ops.protocol import DataProto
 from rlhf_ops.sampling import SamplingParams
 from rlhf_ops.trainer.metrics import reduce_worker_metrics
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
-from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
 from workers.critic.critic_worker import CriticWorker
 from workers.reward_model.reward_model_worker import RewardModelWorker
 from workers.single_controller.futures import WorkerGroupError
@@ -53,15 +52,12 @@ class ActorRolloutRefClient:
         self, prompts: DataProto, sampling: SamplingParams | None = None, *, step: int | None = None
     ) -> DataProto:
         """Starts a rollout in the background (``rollout.mode=async`` groups only; one-step off-policy)."""
-        # By name: the group's class is AsyncActorRolloutRefWorker (a sync group answers that it has no such method).
-        receipt: DataProto = self.group.call(
-            AsyncActorRolloutRefWorker.submit_sequences.__name__, prompts, sampling, step=step
-        )
+        receipt: DataProto = self.group.call(ActorRolloutRefWorker.submit_sequences, prompts, sampling, step=step)
         return receipt
 
     def collect_sequences(self, prompts: DataProto) -> DataProto:
         """The rollout :meth:`submit_sequences` started for the same ``prompts``."""
-        out: DataProto = self._watched(AsyncActorRolloutRefWorker.collect_sequences.__name__, prompts)
+        out: DataProto = self._watched(ActorRolloutRefWorker.collect_sequences, prompts)
         out.meta_info["timing"] = {k: float(v) for k, v in (out.meta_info.get("timing") or {}).items()}
         return out
 

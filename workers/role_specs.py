@@ -11,7 +11,6 @@ from typing import Any
 from rlhf_ops.config.batch_plan import BatchPlan
 from rlhf_ops.config.schema import RunConfig
 from workers.actor.actor_rollout_ref_worker import ActorRolloutRefSpec, ActorRolloutRefWorker, Role
-from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
 from workers.critic.critic_worker import CriticSpec, CriticWorker
 from workers.reward_model.reward_model_worker import RewardModelSpec, RewardModelWorker
 from workers.roles import RoleContext
@@ -19,10 +18,9 @@ from workers.roles import RoleContext
 
 def actor_rollout_ref(config: RunConfig, plan: BatchPlan, ctx: RoleContext) -> tuple[type, Any]:
     """Always: the policy group (``actor_rollout`` without a reference). ``rollout.mode=async``: the same worker
-    with a vLLM AsyncLLM engine (engine core in its own process)."""
+    builds the engine's async mode (vLLM AsyncLLM, engine core in its own process)."""
     res = config.resources
     role: Role = "actor_rollout_ref" if config.needs_ref else "actor_rollout"
-    worker = AsyncActorRolloutRefWorker if config.rollout.mode == "async" else ActorRolloutRefWorker
     spec = ActorRolloutRefSpec(
         role=role,
         model_path=ctx.model_path,
@@ -41,7 +39,7 @@ def actor_rollout_ref(config: RunConfig, plan: BatchPlan, ctx: RoleContext) -> t
         profile_dir=ctx.profile_dir,
         live_metrics="prometheus" in config.trainer.logger,
     )
-    return worker, spec
+    return ActorRolloutRefWorker, spec
 
 
 def critic(config: RunConfig, plan: BatchPlan, ctx: RoleContext) -> tuple[type, Any] | None:

@@ -311,7 +311,8 @@ class RolloutConfig(Section):
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="'sync': the in-process vLLM LLM (or the HF engine); 'async': a vLLM AsyncLLM (engine core in "
-        "its own process, one request per sample; AsyncActorRolloutRefWorker). 'async' needs engine=vllm.",
+        "its own process, one request per sample; the same worker builds the engine's async mode). 'async' needs "
+        "engine=vllm.",
     )
     n: int = Field(1, gt=0, description="Samples per prompt; group estimators need >= 2.")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")

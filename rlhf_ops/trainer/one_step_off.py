@@ -49,7 +49,7 @@ _DTYPES.update({str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch
 @runtime_checkable
 class PrefetchingRollout(Protocol):
     """A rollout group that generates in the background (``workers.clients.ActorRolloutRefClient`` on an
-    ``AsyncActorRolloutRefWorker`` group)."""
+    ``ActorRolloutRefWorker`` group with ``rollout.mode=async``)."""
 
     def submit_sequences(
         self, prompts: DataProto, sampling: SamplingParams | None = None, *, step: int | None = None

@@ -4,6 +4,12 @@ reference policy, in any combination (``actor``, ``rollout``, ``ref``, ``actor_r
 
 The roles are a set parsed once from the role name; each method checks the part it needs and fails
 with the role name if it is missing (no boolean flags branching through the class).
+
+The rollout engine is the ``rollout.engine`` entry of the engine table: its sync builder, or with
+``rollout.mode=async`` its async one (vLLM's ``AsyncLLM``, engine core in its own process; design and the
+vLLM findings: ``docs/async_rollout.md``). Such an engine can also generate in the background while the ranks
+train (``trainer.pipeline=one_step_off``): :meth:`ActorRolloutRefWorker.submit_sequences` and
+:meth:`ActorRolloutRefWorker.collect_sequences`, through a :class:`~workers.rollout.prefetch.RolloutPrefetch`.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from workers.fsdp.precision import flush_denormals
 from workers.fsdp.wrap import build_fsdp_model
 from workers.rollout.base import EngineContext, RolloutEngine
 from workers.rollout.multi_turn import maybe_multi_turn
+from workers.rollout.prefetch import RolloutPrefetch
 from workers.rollout.sharding_manager import FSDPShardingManager
 from workers.single_controller.decorator import Dispatch, register
 from workers.single_controller.worker import RankContext, Worker
@@ -95,6 +102,7 @@ class ActorRolloutRefWorker(Worker):
         self._ref_is_actor_base = False  # LoRA: the reference is the actor's module with adapters disabled
         self.sharding_manager: FSDPShardingManager | None = None
         self.live: Any = None  # workers.live_metrics.RolloutMetrics, made at the first rollout (spec.live_metrics)
+        self.prefetch = RolloutPrefetch()  # trainer.pipeline=one_step_off: the rollout generating beside training
 
     def _need(self, part: str, method: str) -> None:
         if part not in self.parts:
@@ -258,9 +266,12 @@ class ActorRolloutRefWorker(Worker):
         return maybe_multi_turn(engine, r.multi_turn, tokenizer_path=spec.model_path)
 
     def _build_engine(self, entry: RolloutEngineSpec, context: EngineContext) -> RolloutEngine:
-        """The entry's sync engine; :class:`AsyncActorRolloutRefWorker` builds its async one instead."""
-        engine: RolloutEngine = entry.load()(context)
-        return engine
+        """The entry's sync engine, or with ``rollout.mode=async`` its async one (``async_target``)."""
+        if self.spec.rollout.mode != "async":
+            engine: RolloutEngine = entry.load()(context)
+            return engine
+        async_engine: RolloutEngine = entry.load_async()(context)
+        return async_engine
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @monitored("generate")
@@ -286,6 +297,40 @@ class ActorRolloutRefWorker(Worker):
         if self.spec.live_metrics:
             self._publish_rollout_metrics(out, timing)
         return out.to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate_submit")
+    def submit_sequences(
+        self, prompts: DataProto, sampling: SamplingParams | None = None, step: int | None = None
+    ) -> DataProto:
+        """Syncs the weights into the engine (when they changed), starts the rollout of ``prompts`` in the
+        background and returns at once (a receipt; :meth:`RolloutPrefetch.submit`). Same inputs and seeding as
+        :meth:`generate_sequences`. Needs ``rollout.mode=async``: an engine that generates in its own process.
+
+        The engine generates while the ranks run the step's forwards and update, with the weights of this call,
+        and stays awake across steps (no sleep / wake-up per step); a ``generate_sequences`` call (validation)
+        puts it to sleep after.
+        """
+        self._need("rollout", "submit_sequences")
+        if self.spec.rollout.mode != "async":
+            raise RuntimeError(
+                "submit_sequences needs rollout.mode=async (an engine generating outside the trained module); "
+                "set rollout.mode=async or trainer.pipeline=sync"
+            )
+        assert self.rollout is not None and self.sharding_manager is not None
+        # Wake (a no-op when awake) + weight sync (when the actor changed) here, on the method thread, so the
+        # all-gathers never run beside another call's collectives. No exit in collect: the next submit follows.
+        self.sharding_manager.__enter__()
+        sync_s = float(self.sharding_manager.last_metrics.get("timing_s/update_weights", 0.0))
+        return self.prefetch.submit(self.rollout, prompts.to(self.device), sync_s=sync_s, sampling=sampling, step=step)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @monitored("generate_collect")
+    def collect_sequences(self, prompts: DataProto) -> DataProto:
+        """Waits for the rollout :meth:`submit_sequences` started and returns it (:meth:`RolloutPrefetch.collect`:
+        ``prompts`` must be the submitted rows)."""
+        self._need("rollout", "collect_sequences")
+        return self.prefetch.collect(prompts)
 
     def _publish_rollout_metrics(self, out: DataProto, timing: dict[str, float]) -> None:
         from workers.live_metrics import RolloutMetrics

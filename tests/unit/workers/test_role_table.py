@@ -7,6 +7,7 @@ from workers.actor.actor_rollout_ref_worker import ActorRolloutRefWorker
 from workers.critic.critic_worker import CriticWorker
 from workers.launcher import role_table
 from workers.reward_model.reward_model_worker import RewardModelWorker
+from workers.single_controller.decorator import Dispatch, get_dispatch_spec
 
 
 def _rows(overrides: list[str]) -> list[tuple[str, type, object]]:
@@ -42,14 +43,15 @@ def test_ppo_with_a_reward_model_starts_three_groups_and_the_rm_has_its_own_fsdp
     assert load_config("tiny-cpu", overrides).ref.fsdp.reshard_after_forward is True  # not borrowed from ref
 
 
-def test_async_rollout_mode_selects_the_async_worker() -> None:
-    from workers.actor.async_actor_rollout_ref_worker import AsyncActorRolloutRefWorker
-
+def test_async_rollout_mode_is_the_same_worker_with_the_engine_s_async_mode() -> None:
     [(name, cls, spec)] = _rows(["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576", "rollout.mode=async"])
-    assert (name, cls) == ("actor_rollout_ref", AsyncActorRolloutRefWorker)
-    assert issubclass(cls, ActorRolloutRefWorker) and spec.rollout.mode == "async"  # type: ignore[attr-defined]
-    [(_, sync_cls, _)] = _rows(["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576"])
-    assert sync_cls is ActorRolloutRefWorker  # the default rollout.mode=sync keeps the sync worker
+    assert (name, cls) == ("actor_rollout_ref", ActorRolloutRefWorker) and spec.rollout.mode == "async"  # type: ignore[attr-defined]
+    [(_, sync_cls, sync_spec)] = _rows(["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576"])
+    assert sync_cls is ActorRolloutRefWorker and sync_spec.rollout.mode == "sync"  # type: ignore[attr-defined]
+    # The one-step-off methods are the worker's own (a part, not a subclass), dispatched per data-parallel chunk.
+    for method in (ActorRolloutRefWorker.submit_sequences, ActorRolloutRefWorker.collect_sequences):
+        dispatch = get_dispatch_spec(method)
+        assert dispatch is not None and dispatch.mode is Dispatch.DP_COMPUTE_PROTO
 
 
 def test_a_registered_user_role_is_started_after_the_built_ins() -> None:
