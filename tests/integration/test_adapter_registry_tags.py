@@ -23,7 +23,8 @@ from mlflow import MlflowClient
 
 from rlhf_ops.config.schema import ActorConfig, AlgorithmConfig, FSDPConfig, LoraConfig
 from rlhf_ops.pipeline.checkpoints import EVAL_FILE
-from rlhf_ops.pipeline.job_requests import RegisterRequest, RunRef
+from rlhf_ops.pipeline.heavy.register import RegisterRequest
+from rlhf_ops.pipeline.job_requests import RunRef
 from rlhf_ops.pipeline.job_results import read_result
 from rlhf_ops.pipeline.jobs import run_job
 from rlhf_ops.storage.manifest import step_dir_name, write_manifest
