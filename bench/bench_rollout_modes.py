@@ -19,7 +19,8 @@ Two more modes, by ``--modes``, for the asynchronous trainer (``trainer.pipeline
   tokens, 1 CPU and 1 thread) generates into the bounded buffer while the trainer rank (1 CPU, 1 thread) trains;
   ``max_staleness=1``, token-level rollout IS as one_step_off; its rollout tok/s are the worker's own tokens over
   its busy seconds (``async/rollout_tokens_per_s``, ``async/rollout_busy_s``);
-- ``sync_hf``: ``sync`` on the hf engine, the same engine as the async trainer's workers.
+- ``sync_hf``: ``sync`` on the hf engine, the same engine as the async trainer's workers;
+- ``async_trainer_vllm``: ``async_trainer`` with a vLLM engine in the rollout worker (the workload's engine).
 
 ``--out DIR --reuse`` keeps each mode's rows (``DIR/<mode>/rows.json``) and measures only the modes not there yet:
 one mode per call, so a long comparison need not hold the machine's lock in one piece::
@@ -102,6 +103,8 @@ MODES: dict[str, list[str]] = {
         "algorithm.rollout_correction.rollout_is=token",
     ],
 }
+# The same asynchronous trainer with a vLLM engine in its rollout worker (weights loaded in place per version).
+MODES["async_trainer_vllm"] = ["rollout.engine=vllm", *MODES["async_trainer"][1:]]
 DEFAULT_MODES = ["sync", "async", "one_step_off"]
 
 

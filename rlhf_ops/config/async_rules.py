@@ -45,12 +45,6 @@ def async_problems(run: RunConfig) -> list[ConfigProblem]:
             "without an importance weight",
             "set algorithm.rollout_correction.rollout_is=token, or stale_policy=drop",
         )
-    if rollout.engine != "hf":
-        add(
-            "rollout.engine",
-            f"is {rollout.engine}, but the async rollout group generates with the hf engine",
-            "set rollout.engine=hf with trainer.pipeline=async (or trainer.pipeline=one_step_off for vLLM)",
-        )
     if rollout.mode == "async":
         add(
             "rollout.mode",

@@ -53,6 +53,7 @@ def test_grpo_with_kl_loss_learns_to_copy(tmp_path: Path) -> None:
     assert rows[-1]["actor/entropy"] < rows[0]["actor/entropy"]
 
 
+@pytest.mark.slow  # 65-105 s here; PPO with a critic stays in the default suite through the golden metrics
 def test_ppo_with_critic_and_kl_in_reward_learns_to_copy(tmp_path: Path) -> None:
     rows = _train(
         tmp_path,

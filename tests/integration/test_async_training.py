@@ -100,6 +100,40 @@ def test_async_run_bounds_the_lag_and_a_killed_run_keeps_its_buffer(
     assert all(r["async/resume_kept_rows"] == 0 for r in resumed[1:])
 
 
+@pytest.mark.slow  # one run of the entrypoint with a vLLM engine in the rollout worker (~2-3 min here)
+def test_async_run_with_a_vllm_rollout_worker_trains_with_bounded_lag(
+    tmp_path: Path, tiny_model_dir: str, ray_address: str
+) -> None:
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        *COMMON,
+        "trainer.total_epochs=1",  # 3 steps
+        "trainer.async_rollout.partial_rollout_tokens=4",
+        "rollout.engine=vllm",
+        "rollout.kv_cache_memory_bytes=67108864",
+    ]
+    preset = tmp_path / "async_vllm.yaml"
+    preset.write_text(dump_config(load_config("tiny-cpu", overrides)))
+    entry = [sys.executable, "-m", "workers.entrypoints.train", "--preset", str(preset), "--ray-address", ray_address]
+    log, run_dir = tmp_path / "train.log", tmp_path / "tiny-cpu" / "demo"
+    with log.open("ab") as out:
+        rc = subprocess.run(
+            [*entry, f"trainer.checkpoint_root={tmp_path}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            timeout=RUN_TIMEOUT_S,
+        )
+    assert rc.returncode == 0, log.read_text()[-4000:]
+    rows = _records(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["training/policy_lag_max"] <= 1.0 and math.isfinite(row["actor/pg_loss"])
+        assert row["response_length/mean"] > 0 and row["async/rollout_tokens_per_s"] >= 0
+    # A step whose batch was finished before the previous one ended sees no new tokens; the run as a whole does.
+    assert max(r["async/rollout_tokens_per_s"] for r in rows) > 0
+
+
 def test_the_rollout_group_runs_as_ray_actors_with_object_store_weights(tiny_model_dir: str) -> None:
     """The Ray path of the group (the unit tests run it in-process): actors outside any placement group, the state
     dict through one ray.put, a request held until its weights arrive."""

@@ -147,6 +147,7 @@ def _wait_for_commit(run_dir: Path, step: int, proc: subprocess.Popen[bytes], lo
     pytest.fail(f"no commit of {name} within {RUN_TIMEOUT_S} s:\n{_tail(log)}")
 
 
+@pytest.mark.slow  # two runs (~50 s here); the mid-epoch kill-and-resume tests stay in the default suite
 def test_killed_at_an_epoch_boundary_checkpoint_resumes_into_the_next_epoch_like_an_uninterrupted_run(
     tmp_path: Path, preset: str, ray_address: str, reference: Path
 ) -> None:

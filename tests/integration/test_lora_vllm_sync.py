@@ -28,7 +28,8 @@ from rlhf_ops.config.schema import FSDPConfig, LoraConfig, RolloutConfig
 from rlhf_ops.sampling import SamplingParams
 from tests.support.vllm_child import SKIP_EXIT, run_child
 
-pytestmark = pytest.mark.integration
+# slow: two vLLM engines with LoRA start in a child (~65 s here); auto sync is merged on CPU, the default path.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PAD, EOS, R = 0, 2, 12

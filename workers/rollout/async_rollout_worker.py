@@ -1,15 +1,17 @@
 """``AsyncRolloutWorker``: one process of the rollout group of ``trainer.pipeline=async``, not colocated with
-the actor. It holds its own copy of the model and an hf engine (composition: the engine is built from the
-engine table and called, nothing is inherited), takes generation requests into a queue and generates them on
-a thread of its own, so its Ray methods (submit, push_weights, poll, stats) answer at once.
+the actor. It holds the ``rollout.engine`` entry of the engine table (``hf``: its own copy of the model, decoded
+in this process; ``vllm``: a vLLM engine with its own weights, each pushed version loaded in place), takes
+generation requests into a queue and generates them on a thread of its own, so its Ray methods (submit,
+push_weights, poll, stats) answer at once.
 
 Notation: B = rows of a request (prompts x n, repeated by the driver), R = ``max_new_tokens``, S =
 ``partial_rollout_tokens``, v = the policy version (actor updates the weights had seen).
 
-Partial rollout: a request is generated S tokens at a time. Between two pieces the worker takes the newest
-weights pushed to it (v grows) and continues the unfinished rows with them: their prompt and the tokens so far
-are prefilled again under the new weights. ``token_policy_version`` (B, R) records the v that sampled each
-token and ``rollout_log_probs`` the log-prob under those weights, so a token-level importance weight is exact.
+Partial rollout: a request is generated S tokens at a time, each piece one ``generate_sequences`` call of the
+engine. Between two pieces the worker takes the newest weights pushed to it (v grows) and continues the
+unfinished rows with them: their prompt and the tokens so far are prefilled again under the new weights.
+``token_policy_version`` (B, R) records the v that sampled each token and ``rollout_log_probs`` the log-prob
+under those weights, so a token-level importance weight is exact.
 A request never starts with weights older than its ``min_version`` (the driver's version when it was
 admitted), so the lag of a batch is bounded by how far ahead the driver admits work.
 """
@@ -88,12 +90,17 @@ class AsyncRolloutWorker:
 
         from rlhf_ops.extensions import ROLLOUT_ENGINES
 
-        torch.set_num_threads(spec.num_threads)
+        torch.set_num_threads(spec.num_threads)  # before a vLLM CPU engine makes set_num_threads a no-op
         self.spec = spec
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.model_path, dtype=torch.float32, attn_implementation=spec.attn_implementation
-        )
         r = spec.rollout
+        entry = ROLLOUT_ENGINES.get(r.engine)
+        # The HF engine decodes with a module handed to it; an engine with weights of its own (vLLM) loads them
+        # from the model folder and takes every pushed version through update_weights.
+        model = None
+        if entry.needs_module:
+            model = AutoModelForCausalLM.from_pretrained(
+                spec.model_path, dtype=torch.float32, attn_implementation=spec.attn_implementation
+            )
         context = EngineContext(
             model_path=spec.model_path,
             config=r,
@@ -105,7 +112,7 @@ class AsyncRolloutWorker:
             logprobs_mode=rollout_logprobs_mode(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
             module=model,
         )
-        self.engine: RolloutEngine = ROLLOUT_ENGINES.get("hf").load()(context)
+        self.engine: RolloutEngine = entry.load()(context)
         self.version = 0
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()

@@ -31,7 +31,6 @@ def test_async_defaults_are_accepted() -> None:
         (["trainer.async_rollout.buffer_batches=0"], "trainer.async_rollout.buffer_batches", "set 1 or more"),
         (["trainer.async_rollout.num_workers=0"], "trainer.async_rollout.num_workers", "set 1 or more"),
         (["trainer.async_rollout.stale_policy=correct"], "trainer.async_rollout.stale_policy", "rollout_is=token"),
-        (["rollout.engine=vllm"], "rollout.engine", "set rollout.engine=hf"),
         (["rollout.mode=async"], "rollout.mode", "set rollout.mode=sync"),
         (["model.lora.rank=8"], "model.lora.rank", "model.lora.rank=0"),
         (["trainer.async_rollout.weight_transport=remote_store"], "trainer.async_rollout.weight_transport", "URL"),
@@ -42,6 +41,11 @@ def test_bad_async_settings_are_one_line_with_the_fix(overrides: list[str], key:
     problems = _problems(overrides)
     assert key in problems, problems
     assert says in problems[key] and "\n" not in problems[key]
+
+
+def test_the_rollout_group_takes_the_vllm_engine() -> None:
+    config = load_config("tiny-cpu", [*ASYNC, "rollout.engine=vllm", "rollout.kv_cache_memory_bytes=1048576"])
+    assert (config.trainer.pipeline, config.rollout.engine) == ("async", "vllm")
 
 
 def test_correct_with_rollout_correction_is_accepted() -> None:

@@ -31,6 +31,7 @@ def tutorial_script() -> str:
     return "set -euo pipefail\n" + "\n".join(blocks)
 
 
+@pytest.mark.slow  # the page's commands end to end, a training run included (~40 s here)
 def test_tutorial_commands_run_and_train_to_a_checkpoint(tmp_path: Path) -> None:
     env = {
         **os.environ,

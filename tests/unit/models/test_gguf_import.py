@@ -35,6 +35,7 @@ def test_smollm2_directory_is_a_plain_bf16_checkpoint_with_tied_embeddings_and_c
     assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == 2
 
 
+@pytest.mark.slow  # writes and reads back a GGUF of the 135M model (~35 s here)
 def test_imported_logits_equal_the_gguf_loaded_model(tmp_path: Path) -> None:
     """fp32 import == transformers' own GGUF de-quantisation, token for token (atol 0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
