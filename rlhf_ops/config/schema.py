@@ -311,8 +311,7 @@ class RolloutConfig(Section):
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="'sync': the in-process vLLM LLM (or the HF engine); 'async': a vLLM AsyncLLM (engine core in "
-        "its own process, one request per sample; the same worker builds the engine's async mode). 'async' needs "
-        "engine=vllm.",
+        "its own process, one request per sample). 'async' needs engine=vllm.",
     )
     n: int = Field(1, gt=0, description="Samples per prompt; group estimators need >= 2.")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")
@@ -389,10 +388,8 @@ class ResourcesConfig(Section):
         ),
     )
     ray_address: str | None = Field(None, description="Ray cluster address; None starts or joins a local one.")
-    metrics_export_port: int | None = Field(
+    metrics_export_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
         None,
-        ge=1,
-        le=65535,
         description="Port of the Prometheus endpoint (/metrics) of the local Ray cluster a run starts: "
         "trainer.logger prometheus (docs/live_metrics.md). None: Ray picks one. A joined cluster keeps its own.",
     )

@@ -6,7 +6,8 @@ the new weights, loaded into the engine in place, and its recorded log-prob is t
 plain HF forward); the first token's is the old policy's. Then a request submitted through the worker's queue
 waits for its ``min_version`` and comes back with it.
 
-The worker runs in ONE child process (this file as a script): a vLLM engine changes process-wide state.
+The worker runs in ONE child process (this file as a script): a vLLM engine changes process-wide state. The
+prompts, the sampling and the reference log-probs are the unit test's.
 """
 
 from __future__ import annotations
@@ -17,56 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from rlhf_ops.padding import compute_position_ids
-from rlhf_ops.protocol import DataProto
-from rlhf_ops.sampling import SamplingParams
 from tests.support.vllm_child import SKIP_EXIT, run_child
+from tests.unit.rollout.test_async_rollout_worker import _prompts, _sampling, _scaled, _token_log_probs
 
 # slow: a vLLM engine starts in a child next to the tests (~40 s here).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _prompts() -> DataProto:
-    ids = torch.tensor([[0, 5, 6], [0, 0, 7], [8, 9, 10], [0, 11, 12]])
-    mask = (ids != 0).long()
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)},
-        non_tensors={"data_source": np.array(["toy"] * 4, dtype=object)},
-    )
-
-
-def _sampling() -> SamplingParams:
-    # EOS never sampled: every row runs all 4 tokens, so every row crosses the weight update.
-    return SamplingParams(temperature=1.0, response_length=4, eos_token_id=(83,), pad_token_id=0)
-
-
-def _scaled(model_dir: str, factor: float) -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return {k: v * factor if v.is_floating_point() else v for k, v in model.state_dict().items()}
-
-
-def _token_log_probs(model_dir: str, state: dict[str, torch.Tensor], out: DataProto) -> torch.Tensor:
-    """(B, R) log-probs of the responses under ``state``, recomputed by a plain HF forward."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.load_state_dict(state)
-    t = out.tensors
-    with torch.no_grad():
-        logits = model(
-            input_ids=t["input_ids"], attention_mask=t["attention_mask"], position_ids=t["position_ids"]
-        ).logits.float()
-    length = t["responses"].shape[1]
-    picked = logits[:, -length - 1 : -1].log_softmax(-1)
-    return picked.gather(-1, t["responses"].unsqueeze(-1)).squeeze(-1)
 
 
 def _child_main(model_dir: str, out_path: str) -> None:

@@ -214,16 +214,23 @@ def _rerun_and_compare(job: Job, reference: list[dict[str, Any]], committed: int
     return seconds, logs
 
 
-def test_a_node_killed_mid_step_fails_the_job_naming_it_and_a_rerun_elsewhere_resumes_exactly(
-    cluster: PodmanCluster, reference: list[dict[str, Any]], figures: Figures
-) -> None:
-    c, job = cluster, Job(cluster, "killed")
+def _running_past_step_2(job: Job) -> tuple[list[str], str, str, str]:
+    """Submits ``job`` and waits until it runs on two nodes with step 2 committed (step 3 running): the pair, the
+    node to fault (the second), the survivor and the faulted node's address."""
     job.submit()
     pair = job.wait_placed()
     assert len(set(pair)) == 2, pair
     victim, survivor = pair[1], pair[0]
-    victim_ip = c.ip(victim)
-    job.wait_committed(2)  # step 3 is running
+    victim_ip = job.c.ip(victim)
+    job.wait_committed(2)
+    return pair, victim, survivor, victim_ip
+
+
+def test_a_node_killed_mid_step_fails_the_job_naming_it_and_a_rerun_elsewhere_resumes_exactly(
+    cluster: PodmanCluster, reference: list[dict[str, Any]], figures: Figures
+) -> None:
+    c, job = cluster, Job(cluster, "killed")
+    pair, victim, survivor, victim_ip = _running_past_step_2(job)
     killed = time.monotonic()
     podman("kill", "-s", "KILL", victim)
     wait_for("the job to fail after the kill", job.done, FAIL_BOUND_S, poll_s=0.2)
@@ -258,12 +265,7 @@ def test_a_node_preempted_with_notice_checkpoints_ends_preempted_and_a_rerun_els
     cluster: PodmanCluster, reference: list[dict[str, Any]], figures: Figures
 ) -> None:
     c, job = cluster, Job(cluster, "preempted")
-    job.submit()
-    pair = job.wait_placed()
-    assert len(set(pair)) == 2, pair
-    victim, survivor = pair[1], pair[0]
-    victim_ip = c.ip(victim)
-    job.wait_committed(2)  # step 3 is running
+    pair, victim, survivor, victim_ip = _running_past_step_2(job)
     noticed = time.monotonic()
     podman("kill", "-s", "TERM", victim)
     wait_for("the job to end after the notice", job.done, GRACE_S + 30, poll_s=0.2)
