@@ -255,6 +255,33 @@ RANK_VARIANTS = {
     ],
     "1x2-plain": ["actor.fsdp.single_rank_plain=true", "ref.fsdp.single_rank_plain=true"],
 }
+# 1x2-bf16-plain with the vLLM engine in bf16 too (the rollout's GEMMs on the bf16 units; the update stays
+# on-policy: its ratio uses the actor's own log-probs, the engine's only feed the rollout-vs-actor metrics).
+RANK_VARIANTS["1x2-bf16-full"] = [*RANK_VARIANTS["1x2-bf16-plain"], "rollout.dtype=bfloat16"]
+# ... with micro-batches of 16 (two 8-sample groups per GEMM): AMX reaches more of its peak on ~450-token
+# products than on ~230 (measured on an AMX Xeon; they lost on the AVX512-BF16 EPYC).
+RANK_VARIANTS["1x2-bf16-full-mb16"] = [
+    *RANK_VARIANTS["1x2-bf16-full"],
+    "actor.ppo_micro_batch_size_per_gpu=16",
+    "actor.log_prob_micro_batch_size_per_gpu=16",
+    "ref.log_prob_micro_batch_size_per_gpu=16",
+]
+
+
+def host_kind() -> str:
+    """``amx``, ``avx512_bf16`` or ``fp32`` (bf16 emulated): the CPU flags that decide the bench's variants."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "amx_bf16" in flags:
+        return "amx"
+    return "avx512_bf16" if "avx512_bf16" in flags else "fp32"
+
+
+# ``--variants auto``: the fp32 baseline and the settings measured fastest on each host kind.
+AUTO_VARIANTS = {
+    "amx": ["1x2-plain", "1x2-bf16-plain", "1x2-bf16-full-mb16"],
+    "avx512_bf16": ["1x2-plain", "1x2-bf16-plain", "1x2-bf16-full"],
+    "fp32": ["1x2-plain"],
+}
 
 
 def _variant_names(spec: str) -> list[str]:
@@ -267,7 +294,7 @@ def _variant_names(spec: str) -> list[str]:
         return names
     from workers.fsdp.precision import cpu_has_native_bf16
 
-    return ["1x2-plain", "1x2-bf16-plain"] if cpu_has_native_bf16() else ["1x2-plain"]
+    return AUTO_VARIANTS[host_kind()] if cpu_has_native_bf16() else AUTO_VARIANTS["fp32"]
 
 
 def run_platform(preset: str, overrides: list[str], work: Path, run: str, threads: int) -> dict[str, Any]:
@@ -366,7 +393,8 @@ def main() -> None:
         "--variants",
         default="auto",
         help="comma-separated, of " + ", ".join(RANK_VARIANTS) + " (ranks x threads; the fastest is reported); auto: "
-        "1x2-plain, and 1x2-bf16-plain where the CPU has native bf16",
+        "per host kind (AMX: 1x2-plain, 1x2-bf16-plain, 1x2-bf16-full-mb16; AVX512-BF16: 1x2-plain, 1x2-bf16-plain, "
+        "1x2-bf16-full; bf16 emulated: 1x2-plain)",
     )
     parser.add_argument("--platform-override", action="append", default=[], help="extra key=value (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write all results as JSON here")
@@ -420,7 +448,9 @@ def main() -> None:
         "trl": f"1 process x 2 threads, HF generate, {'bf16 autocast' if args.trl_bf16 else 'fp32'}",
         "platform": f"{best[0]} rank(s) x {best[2]} thread(s), vLLM, shared prompts + remove padding, fused "
         "log-probs, on-policy (no old-log-prob pass)"
-        + (", bf16 autocast (fp32 master)" if best.endswith("-bf16") else ", fp32")
+        + (", bf16 autocast (fp32 master)" if "-bf16" in best else ", fp32")
+        + (", vLLM in bf16" if "rollout.dtype=bfloat16" in RANK_VARIANTS[best] else "")
+        + f" [variant {best}, host {host_kind()}]"
         + (f", {' '.join(args.platform_override)}" if args.platform_override else ""),
     }
     print_report(trl, plat, peak, flops, tiny, labels)
