@@ -31,6 +31,7 @@ so the samples depend only on the engine's seed and the sequence of calls, not o
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import time
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from vllm import LLM
 
 __all__ = ["VLLMRollout"]
+
+_LOG = logging.getLogger(__name__)
 
 WeightLoader = Literal["auto", "reload", "load"]
 _VLLM_LOGPROBS_MODE = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
@@ -209,6 +212,15 @@ class VLLMRollout:
         kv_bytes = config.kv_cache_memory_bytes
         if kv_bytes is None and self.device == "cpu":
             kv_bytes = _CPU_DEFAULT_KV_BYTES
+        if self.device == "cpu" and config.dtype != "float32":
+            from workers.fsdp.precision import cpu_has_native_bf16
+
+            if not cpu_has_native_bf16():
+                _LOG.warning(
+                    "rollout.dtype=%s on a CPU without AVX512-BF16/AMX: its matmuls are emulated, many times slower "
+                    "than fp32; set rollout.dtype=float32 on this machine.",
+                    config.dtype,
+                )
         kwargs: dict[str, Any] = {
             "dtype": config.dtype,
             "tensor_parallel_size": self.tp_size,
