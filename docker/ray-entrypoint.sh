@@ -43,10 +43,13 @@ drain_workers() {
   echo "ray-entrypoint: $(ray_workers | grep -c .) busy Ray worker process(es) left" >&2
 }
 
+ray_pid=""
+stopping=0
 drain_then_stop() {
   trap '' TERM INT
+  stopping=1
   drain_workers
-  kill -TERM "$ray_pid" 2>/dev/null || true
+  [ -z "$ray_pid" ] || kill -TERM "$ray_pid" 2>/dev/null || true
 }
 
 # `ray-entrypoint.sh drain`: the drain alone, for a node whose `ray start` another launcher runs (a Kubernetes
@@ -75,14 +78,21 @@ case "${RAY_NODE_TYPE:-head}" in
     if [[ -n "${RAY_NUM_GPUS:-}" ]]; then
       gpus=(--num-gpus="${RAY_NUM_GPUS}")
     fi
+    # The trap goes in before Ray starts: a notice that arrives while the node is still starting is kept (Ray is
+    # then stopped as soon as it has a pid), never lost to bash's default action with `ray start` left running.
+    trap 'drain_then_stop' TERM INT
     ray start --block --disable-usage-stats \
       --address="${RAY_HEAD_ADDRESS:?set RAY_HEAD_ADDRESS to the head GCS address, e.g. ray-head:6379}" \
       "${gpus[@]}" "${extra[@]}" &
     ray_pid=$!
-    trap 'drain_then_stop' TERM INT
+    if [[ $stopping == 1 ]]; then kill -TERM "$ray_pid" 2>/dev/null || true; fi
     # `wait` returns early when a trapped signal arrives; keep waiting while Ray runs.
+    # (bash keeps the status of a Ray that has already ended, so the first `wait` always gives it.)
     rc=0
-    while kill -0 "$ray_pid" 2>/dev/null; do wait "$ray_pid" && rc=0 || rc=$?; done
+    while :; do
+      wait "$ray_pid" && rc=0 || rc=$?
+      kill -0 "$ray_pid" 2>/dev/null || break
+    done
     exit "$rc"
     ;;
   *)

@@ -130,3 +130,41 @@ def test_a_worker_node_passes_sigterm_to_its_ranks_then_stops_ray(tmp_path: Path
         assert "0 busy Ray worker process(es) left" in err and seconds < 2.5, (seconds, err)
     else:  # a rank that does not end: Ray is stopped when the grace period is over
         assert "1 busy Ray worker process(es) left" in err and 2.5 < seconds < 10, (seconds, err)
+
+
+
+def test_a_notice_while_the_node_starts_never_leaves_ray_running(tmp_path: Path) -> None:
+    # A SIGTERM at any moment of a worker node's start ends the entrypoint and Ray with it. Before the trap went in
+    # ahead of `ray start`, a notice just after Ray had started (as soon as the stand-in writes its pid, the moment a
+    # loaded CI host hit) killed bash and left the stand-in Ray running, holding the entrypoint's stderr.
+    import signal
+    import time
+
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "ps").write_text("#!/bin/sh\n")  # no Ray worker process on this node
+    (stubs / "ray").write_text(f"#!/bin/sh\necho $$ > {tmp_path}/ray-$PPID\nexec sleep 60\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RAY_NODE_TYPE": "worker", "RAY_HEAD_ADDRESS": "h:1"}
+    left = []
+    for delay in [None] * 30 + [0.0, 0.005, 0.02, 0.05, 0.1]:  # None: as soon as the stand-in Ray has started
+        node = subprocess.Popen(
+            ["/bin/bash", str(ROOT / "docker" / "ray-entrypoint.sh")], env=env, stderr=subprocess.PIPE, text=True
+        )
+        started = tmp_path / f"ray-{node.pid}"
+        if delay is None:
+            deadline = time.monotonic() + 10
+            while not started.exists() and time.monotonic() < deadline:
+                pass
+        else:
+            time.sleep(delay)
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.communicate(timeout=8)  # returns once no process holds the entrypoint's stderr
+        except subprocess.TimeoutExpired:
+            left.append(delay)
+            node.kill()
+            os.kill(int(started.read_text()), signal.SIGKILL)
+            node.communicate()
+    assert left == [], f"Ray left running after a notice at {left} (None: just after Ray started)"
