@@ -22,6 +22,8 @@ from rlhf_ops.config.off_policy import Pipeline, RolloutCorrectionConfig
 from rlhf_ops.config.reproducibility import ReproducibilityKeys
 from rlhf_ops.config.section import (
     DEFAULT_LOGGERS,
+    FREE_CACHE_ENGINE_DOC,
+    KV_BLOCK_SIZE_DOC,
     AdvEstimator,
     DType,
     KLPenalty,
@@ -323,12 +325,8 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vLLM on GPU.")
     kv_cache_memory_bytes: int | None = Field(None, gt=0, description="vLLM KV cache size (CPU needs it small).")
     enforce_eager: bool = Field(True, description="vLLM: disable CUDA graphs.")
-    free_cache_engine: bool = Field(
-        True,
-        description="Free the vLLM engine's memory while training. GPU: sleep level 1 (weights to host memory, KV "
-        "cache freed). CPU (same process as the actor): the packed weights and the KV cache are freed after each "
-        "rollout and rebuilt by the next weight sync (which then always runs).",
-    )
+    kv_block_size: int | None = Field(None, gt=0, multiple_of=16, description=KV_BLOCK_SIZE_DOC)
+    free_cache_engine: bool = Field(True, description=FREE_CACHE_ENGINE_DOC)
     weight_sync_bucket_mb: int = Field(256, gt=0, description="Max bytes gathered at once when syncing weights.")
     lora_sync: LoraSync = Field("auto", description=LORA_SYNC_DOC)
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig)

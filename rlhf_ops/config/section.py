@@ -22,6 +22,17 @@ from rlhf_ops.extensions import (
 )
 from rlhf_ops.extensions.algorithms import LossAggMode as LossAggMode  # the losses' own aggregation values
 
+KV_BLOCK_SIZE_DOC = (
+    "vLLM KV cache block (tokens); the n samples of a prompt share its KV (the prefix cache) in whole blocks. "
+    "None: 32 on CPU (the smallest its attention takes: at vLLM's CPU default of 128, a prompt under 128 tokens "
+    "shares nothing and is prefilled once per sample), the engine's own default on GPU. CPU: a multiple of 32."
+)
+FREE_CACHE_ENGINE_DOC = (
+    "Free the vLLM engine's memory while training. GPU: sleep level 1 (weights to host memory, KV cache freed). "
+    "CPU (same process as the actor): the packed weights and the KV cache are freed after each rollout and rebuilt "
+    "by the next weight sync (which then always runs)."
+)
+
 # Extension points: the allowed values are the names in their tables (rlhf_ops.extensions), or a dotted path.
 AdvEstimator = Annotated[str, choice_check(ADVANTAGE_ESTIMATORS), choice_schema(ADVANTAGE_ESTIMATORS)]
 KLPenalty = Annotated[str, choice_check(KL_ESTIMATORS), choice_schema(KL_ESTIMATORS)]

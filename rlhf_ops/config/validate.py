@@ -105,6 +105,15 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
         problems.append(
             ConfigProblem("rollout.tensor_model_parallel_size", "tensor parallel rollout needs GPUs", "set 1 on CPU")
         )
+    block = run.rollout.kv_block_size
+    if run.resources.device == "cpu" and block is not None and block % 32:
+        problems.append(
+            ConfigProblem(
+                "rollout.kv_block_size",
+                f"{block}: vLLM's CPU attention takes KV blocks in multiples of 32 tokens",
+                "set 32 (or leave it unset)",
+            )
+        )
 
 
 def _check_reward(run: RunConfig, problems: list[ConfigProblem]) -> None:

@@ -59,6 +59,17 @@ _LOG = logging.getLogger(__name__)
 WeightLoader = Literal["auto", "reload", "load"]
 _VLLM_LOGPROBS_MODE = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
 _CPU_DEFAULT_KV_BYTES = 256 << 20  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE) is GiBs: too much for tests
+# vLLM's CPU attention takes blocks in multiples of 32 and defaults to 128: a prompt under 128 tokens then fills no
+# block, its n samples share nothing and each prefills it again. At 32 the samples reuse the prompt's whole blocks
+# (SmolLM2-135M, 8 prompts of 47 tokens x 4 samples x 32 tokens, fp32, 2 threads: 4.4 -> 3.2 s per generate).
+CPU_KV_BLOCK_SIZE = 32
+
+
+def kv_block_size(config: RolloutConfig, device: str) -> int | None:
+    """The engine's KV block (``rollout.kv_block_size``; unset: 32 on CPU, vLLM's own choice on GPU)."""
+    if config.kv_block_size is not None:
+        return config.kv_block_size
+    return CPU_KV_BLOCK_SIZE if device == "cpu" else None
 
 
 @contextlib.contextmanager
@@ -233,6 +244,9 @@ class VLLMRollout:
             "skip_tokenizer_init": True,  # token ids in, token ids out
             "disable_log_stats": True,
         }
+        block_size = kv_block_size(config, self.device)
+        if block_size is not None:
+            kwargs["block_size"] = block_size
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
         if self.lora_rank > 0:
