@@ -258,6 +258,13 @@ RANK_VARIANTS = {
 # 1x2-plain with vLLM's CPU KV block of 128 (the setting before rollout.kv_block_size defaulted to 32 on CPU): the
 # 47-token prompts fill no block, so each of the 4 samples prefills its prompt again. For the lever's own ratio.
 RANK_VARIANTS["1x2-plain-kv128"] = [*RANK_VARIANTS["1x2-plain"], "rollout.kv_block_size=128"]
+# 1x2-plain with micro-batches of 16 (two groups per GEMM): larger products, fewer tied-embedding gradients.
+RANK_VARIANTS["1x2-plain-mb16"] = [
+    *RANK_VARIANTS["1x2-plain"],
+    "actor.ppo_micro_batch_size_per_gpu=16",
+    "actor.log_prob_micro_batch_size_per_gpu=16",
+    "ref.log_prob_micro_batch_size_per_gpu=16",
+]
 # 1x2-bf16-plain with the vLLM engine in bf16 too (the rollout's GEMMs on the bf16 units; the update stays
 # on-policy: its ratio uses the actor's own log-probs, the engine's only feed the rollout-vs-actor metrics).
 RANK_VARIANTS["1x2-bf16-full"] = [*RANK_VARIANTS["1x2-bf16-plain"], "rollout.dtype=bfloat16"]
