@@ -1,6 +1,6 @@
 """The actor update of ``bench_vs_trl.py``'s workload, timed by phase without a profiler, against its matmul floor.
 
-    flock /tmp/rlhf-heavy.lock .venv/bin/python bench/update_breakdown.py --threads 2
+    flock /tmp/rlhf-heavy.lock .venv/bin/python bench/update_breakdown.py --threads 2 [--dtype float32] [--profile]
 
 One process, one rank (gloo world of 1), SmolLM2-135M-Instruct built by the platform's own path
 (``build_fsdp_model``, ``fsdp.single_rank_plain``, bf16 CPU autocast, fp32 masters and AdamW). The mini-batch is the
@@ -166,8 +166,10 @@ def gemm_shapes(model_dir: str) -> dict[str, int]:
     }
 
 
-def gemm_floor(shapes: dict[str, int], tokens: list[tuple[int, int]], *, reps: int = 3) -> float:
-    """Seconds of the update's GEMMs alone in bf16 at the micro-batches' real shapes (best of ``reps``).
+def gemm_floor(
+    shapes: dict[str, int], tokens: list[tuple[int, int]], *, reps: int = 3, dtype: str = "bfloat16"
+) -> float:
+    """Seconds of the update's GEMMs alone in ``dtype`` at the micro-batches' real shapes (best of ``reps``).
 
     ``tokens``: (forwarded tokens, kept LM-head positions) per micro-batch. Per linear (k x n) and micro-batch of m
     tokens: forward (m x k) @ (k x n), input gradient (m x n) @ (n x k), weight gradient (k x m) @ (m x n).
@@ -182,7 +184,7 @@ def gemm_floor(shapes: dict[str, int], tokens: list[tuple[int, int]], *, reps: i
         for k, n in {*linears, (h, vocab)}:  # one set of operands per distinct shape, made before the clock starts
             rows = kept if n == vocab else m
             count = 1 if n == vocab else shapes["layers"] * linears.count((k, n))
-            x, w, g = (torch.randn(rows, k).bfloat16(), torch.randn(k, n).bfloat16(), torch.randn(rows, n).bfloat16())
+            x, w, g = (torch.randn(shape).to(getattr(torch, dtype)) for shape in ((rows, k), (k, n), (rows, n)))
             work.append((x, w, g, count))
         best = float("inf")
         for _ in range(reps + 1):  # the first round builds oneDNN's primitives
@@ -202,6 +204,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4, help="timed mini-batches per variant (after one warm-up)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="the update's compute dtype (auto: bfloat16 where the CPU has it natively, else float32, as the bench)",
+    )
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one mini-batch")
+    parser.add_argument(
         "--variants", default="per-forward,keep-casts", help="two of per-forward, keep-casts, compiled (interleaved)"
     )
     args = parser.parse_args()
@@ -220,9 +229,10 @@ def main() -> None:
     from rlhf_ops.config.schema import FSDPConfig, OptimConfig
     from rlhf_ops.models.resolve import resolve_model_path
     from workers.fsdp import build_device_mesh, build_fsdp_model, build_optimizer
-    from workers.fsdp.precision import flush_denormals
+    from workers.fsdp.precision import cpu_has_native_bf16, flush_denormals
     from workers.utils.shared_prompt import forwarded_lengths
 
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_has_native_bf16() else "float32")
     flush_denormals(torch.device("cpu"))  # as the workers do, before the OpenMP pool starts
     torch.set_num_threads(args.threads)
     model_dir = resolve_model_path(args.model)
@@ -239,7 +249,7 @@ def main() -> None:
         mesh=build_device_mesh(1),
         cfg=fsdp,
         device="cpu",
-        precision=resolve_precision("bfloat16", fsdp, trained=True, device="cpu"),
+        precision=resolve_precision(dtype, fsdp, trained=True, device="cpu"),
     )
     optimizer = build_optimizer(model, OptimConfig(lr=1e-7))
     results: dict[str, Any] = {"threads": args.threads, "variants": {}}
@@ -253,6 +263,12 @@ def main() -> None:
         results["variants"].setdefault(variant, []).extend(runs)
         if undo is not None:
             undo()
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _update_once(model, optimizer, batch, micro=micro, keep=variants[0] != "per-forward")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
     summary = {
         name: {phase: statistics.median(r[phase] for r in runs) for phase in runs[0]}
         for name, runs in results["variants"].items()
@@ -264,13 +280,14 @@ def main() -> None:
         fwd = int(sum(forwarded_lengths(batch["input_ids"][sl], batch["attention_mask"][sl], response_length=32)))
         tokens.append((fwd, int(batch["response_mask"][sl].sum())))
     flops = sum(6 * shapes["body"] * m + 6 * shapes["head"] * k for m, k in tokens)
-    peak = matmul_peak(args.threads)["bfloat16"] * 1e9
-    floor = gemm_floor(shapes, tokens)
+    peak = matmul_peak(args.threads)[dtype] * 1e9
+    floor = gemm_floor(shapes, tokens, dtype=dtype)
     results |= {
         "summary": summary,
         "tokens": tokens,
         "gflop": flops / 1e9,
-        "bf16_peak_gflops": peak / 1e9,
+        "dtype": dtype,
+        "peak_gflops": peak / 1e9,
         "flop_bound_s": flops / peak,
         "gemm_floor_s": floor,
     }
@@ -283,7 +300,7 @@ def main() -> None:
             f"{s['total'] / (flops / peak):.1f}x | {s['total'] / floor:.1f}x |"
         )
     print(
-        f"bf16 FLOP bound at {peak / 1e9:.0f} GFLOP/s: {flops / peak:.2f} s; the GEMMs alone at these shapes: "
+        f"{dtype} FLOP bound at {peak / 1e9:.0f} GFLOP/s: {flops / peak:.2f} s; the GEMMs alone at these shapes: "
         f"{floor:.2f} s ({flops / floor / 1e9:.0f} GFLOP/s)"
     )
     if args.out:

@@ -132,7 +132,6 @@ def test_a_worker_node_passes_sigterm_to_its_ranks_then_stops_ray(tmp_path: Path
         assert "1 busy Ray worker process(es) left" in err and 2.5 < seconds < 10, (seconds, err)
 
 
-
 def test_a_notice_while_the_node_starts_never_leaves_ray_running(tmp_path: Path) -> None:
     # A SIGTERM at any moment of a worker node's start ends the entrypoint and Ray with it. Before the trap went in
     # ahead of `ray start`, a notice just after Ray had started (as soon as the stand-in writes its pid, the moment a
