@@ -11,6 +11,10 @@ step (``MiniBatchUpdate``, the worker's loop), for each variant in the same run,
 - ``keep-casts``: the platform's path (:func:`workers.fsdp.precision.keep_autocast_casts`: bf16 weight copies held
   over the mini-batch, gradients folded into the fp32 masters);
 - ``per-forward``: autocast's own casts each forward (the path before 2026-12-05);
+- ``embed-in-place`` (``--variants keep-casts,embed-in-place``): ``keep-casts`` with the input embedding's gradient
+  added row by row into ``.grad`` (``index_add_``) instead of a dense vocabulary x hidden tensor per micro-batch,
+  zero-filled and then added (the tied LM head of SmolLM2 shares that ``.grad``). Same sums in another fp32 order;
+  a lever measured, not a platform path;
 - ``compiled`` (``--variants keep-casts,compiled``): ``keep-casts`` with the elementwise work of every block fused by
   ``torch.compile`` (Inductor's C++ backend): RMSNorm as one kernel, the MLP's ``silu(gate) * up`` as one; the
   matmuls stay oneDNN's. A lever measured, not a platform path.
@@ -153,6 +157,47 @@ def compile_elementwise(model: Any) -> Any:
     return undo
 
 
+def embedding_grad_in_place(model: Any) -> Any:
+    """Patches the input embedding of ``model`` so its backward adds its rows into the weight's ``.grad`` in place.
+
+    Returns an undo callable. The weight's other uses (a tied LM head) still reach ``.grad`` through autograd.
+    """
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    class _EmbeddingIntoGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, ids: Any, weight: Any) -> Any:
+            ctx.save_for_backward(ids)
+            ctx.weight = weight
+            return F.embedding(ids, weight)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (ids,) = ctx.saved_tensors
+            weight = ctx.weight
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            weight.grad.index_add_(0, ids.reshape(-1), grad.reshape(-1, grad.shape[-1]).to(weight.dtype))
+            return None, None
+
+    embed = model.get_input_embeddings()
+
+    def forward(self: Any, ids: Any) -> Any:
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            return _EmbeddingIntoGrad.apply(ids, self.weight)
+        return F.embedding(ids, self.weight, self.padding_idx)
+
+    embed.forward = types.MethodType(forward, embed)
+
+    def undo() -> None:
+        del embed.forward
+
+    return undo
+
+
 def gemm_shapes(model_dir: str) -> dict[str, int]:
     """The model's shapes that ``gemm_floor`` reads: ``model_shapes`` plus the MLP width, vocabulary and KV width."""
     from bench.bench_vs_trl import model_shapes
@@ -211,12 +256,14 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one mini-batch")
     parser.add_argument(
-        "--variants", default="per-forward,keep-casts", help="two of per-forward, keep-casts, compiled (interleaved)"
+        "--variants",
+        default="per-forward,keep-casts",
+        help="two of per-forward, keep-casts, compiled, embed-in-place (interleaved)",
     )
     args = parser.parse_args()
     variants = args.variants.split(",")
-    if not set(variants) <= {"per-forward", "keep-casts", "compiled"}:
-        sys.exit(f"--variants: {args.variants!r}; choose from per-forward, keep-casts, compiled")
+    if not set(variants) <= {"per-forward", "keep-casts", "compiled", "embed-in-place"}:
+        sys.exit(f"--variants: {args.variants!r}; choose from per-forward, keep-casts, compiled, embed-in-place")
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
 
@@ -255,7 +302,8 @@ def main() -> None:
     results: dict[str, Any] = {"threads": args.threads, "variants": {}}
     for variant in variants + variants:  # interleaved against drift
         keep = variant != "per-forward"
-        undo = compile_elementwise(model) if variant == "compiled" else None
+        patch = {"compiled": compile_elementwise, "embed-in-place": embedding_grad_in_place}.get(variant)
+        undo = patch(model) if patch is not None else None
         start = time.perf_counter()
         _update_once(model, optimizer, batch, micro=micro, keep=keep)  # warm-up (oneDNN primitives, compilation)
         results.setdefault("warmup_s", {}).setdefault(variant, []).append(time.perf_counter() - start)
