@@ -16,8 +16,8 @@ Per shape, in the same run: the matmul peaks at the start (``bench_vs_trl.matmul
 (s/step and stages: the median after the first step, which pays oneDNN's primitive creation; every step kept in
 the JSON), the worker's peak RSS, the load average before and after; then the update's GEMM floor at that run's
 shapes (``update_breakdown.gemm_floor``: every linear's forward, input- and weight-gradient GEMM of each
-micro-batch, bf16, at the run's mean prompt and response lengths; attention's N x N products over the packed
-micro-batch are not in it, their FLOPs are printed beside) and the cost model's prediction
+micro-batch, in the variant's dtype, at the run's mean prompt and response lengths; attention's N x N products over
+the packed micro-batch are not in it, their FLOPs are printed beside) and the cost model's prediction
 (``rlhf_ops.cost_check.predict`` with the run's peaks and mean lengths) with the ratios.
 """
 
@@ -132,8 +132,10 @@ def prediction(model_dir: str, overrides: list[str], peak: dict[str, float], mea
     return {"s_per_step": p.step_seconds, "stages": p.seconds, "peak_rss_gb": p.memory_bytes / 2**30}
 
 
-def update_floor(model_dir: str, shape: tuple[int, int, int], measured: dict[str, Any]) -> dict[str, float]:
-    """The update's GEMM floor at the run's micro-batches (mean lengths), and attention's FLOPs beside it."""
+def update_floor(
+    model_dir: str, shape: tuple[int, int, int], measured: dict[str, Any], *, dtype: str = "bfloat16"
+) -> dict[str, float]:
+    """The update's GEMM floor in ``dtype`` at the run's micro-batches (mean lengths), and attention's FLOPs."""
     from update_breakdown import gemm_floor, gemm_shapes
 
     p, n, _ = shape
@@ -143,7 +145,7 @@ def update_floor(model_dir: str, shape: tuple[int, int, int], measured: dict[str
     fwd = round(groups * measured["prompt_len"] + rows * measured["response_len"])
     kept = round(rows * measured["response_len"])
     micros = [(fwd, kept)] * max(1, (p * n) // rows)
-    floor = gemm_floor(shapes, micros)
+    floor = gemm_floor(shapes, micros, dtype=dtype)
     # Dense attention over the packed micro-batch: QK^T and AV, 2 N^2 h FLOPs each per block, x3 for the update.
     attention = 3 * 4 * fwd**2 * shapes["hidden"] * shapes["layers"] * len(micros)
     return {
@@ -227,7 +229,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             row["wall_s"] = time.perf_counter() - start
             row["platform"] = summarize(raw["steps"], p * n)
             row["predicted"] = prediction(model_dir, overrides, row["peak"], row["platform"])
-            row["update_floor"] = update_floor(model_dir, shape, row["platform"])
+            bf16 = "bf16" in variant  # the variant's compute dtype: its GEMMs are the floor's
+            row["update_floor"] = update_floor(
+                model_dir, shape, row["platform"], dtype="bfloat16" if bf16 else "float32"
+            )
             print(f"{text} platform: {json.dumps(row['platform'])}", flush=True)
             print(f"{text} predicted: {json.dumps(row['predicted'])}", flush=True)
             print(f"{text} update floor: {json.dumps(row['update_floor'])}", flush=True)
