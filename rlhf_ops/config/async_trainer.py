@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from rlhf_ops.config.section import Section
 
 StalePolicy = Literal["drop", "correct"]
 WeightTransport = Literal["object_store", "remote_store"]
@@ -25,10 +27,8 @@ PIPELINE_DOC = (
 ASYNC_DOC = "trainer.pipeline=async: the staleness bound, the buffer, the rollout workers, the weight transport."
 
 
-class AsyncRolloutConfig(BaseModel):
+class AsyncRolloutConfig(Section):
     """Settings of ``trainer.pipeline=async``; ignored by the other pipelines."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     max_staleness: int = Field(
         1,

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rlhf_ops.code_policy import split_dotted
 from rlhf_ops.config.errors import ConfigProblem
+from rlhf_ops.config.section import Section
 
 BUILTIN_TOOL_NAMES = ("calculator", "python")
 BUILTIN_INTERACTION_NAMES = ("answer_feedback",)
 
 
-class MultiTurnConfig(BaseModel):
+class MultiTurnConfig(Section):
     """The agent loop: turns, tools, limits. Off by default (single-turn rollouts)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     enable: bool = Field(False, description="Run rollouts through the agent loop (tools / interaction turns).")
     max_turns: int = Field(4, gt=0, description="Most model turns per sample (tool calls of the last are not run).")

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from rlhf_ops.config.section import Section
 
 Pipeline = Literal["sync", "one_step_off", "async"]
 
 
-class RolloutCorrectionConfig(BaseModel):
+class RolloutCorrectionConfig(Section):
     """verl's ``algorithm.rollout_correction`` (decoupled mode): importance weights between the policy that
     sampled the rollout (its engine's log-probs) and the actor's ``old_log_probs``, truncated at a cap.
 
     Off by default. It corrects what the PPO ratio does not see: the engine's numerics (vLLM kernels, bf16)
     and, with ``trainer.pipeline=one_step_off``, the one update the rollout lags behind the actor.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     rollout_is: Literal["token", "sequence"] | None = Field(
         None,

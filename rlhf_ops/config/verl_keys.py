@@ -79,6 +79,8 @@ def prefetch_depth(value: Any) -> Any:
 
 def loggers(value: Any) -> Any:
     """verl's loggers to ours: wandb / tensorboard / swanlab / ... become the MLflow tracker, others stay."""
+    if not isinstance(value, (str, list, tuple)):
+        return value  # no logger name or list (a number...): the schema refuses it, naming the key
     names = [value] if isinstance(value, str) else list(value)
     out = [name if name in ("console", "jsonl", "mlflow", "prometheus") else "mlflow" for name in names]
     return list(dict.fromkeys(out))

@@ -174,3 +174,24 @@ def test_a_boolean_is_not_a_number(override: str) -> None:
         f"{key}: is a boolean where a number is meant (got True). Fix: set a number"
     ]
     assert load_config("tiny-cpu", ["model.lora.rank=0", "trainer.val_before_train=yes"]).trainer.val_before_train
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # The sections of their own modules (multi-turn, async trainer, rollout correction) did not derive from the
+        # schema's Section, so they took an infinite float and a boolean as a number.
+        ("rollout.multi_turn.tool_timeout_s=1e309", "Input should be a finite number (got '1e309')"),
+        ("rollout.multi_turn.max_turns=true", "is a boolean where a number is meant (got True)"),
+        ("trainer.async_rollout.max_staleness=yes", "is a boolean where a number is meant (got True)"),
+        ("algorithm.rollout_correction.rollout_is_threshold=.nan", "Input should be a finite number (got nan)"),
+        # verl's logger converter iterated over whatever it got: a number crashed it (TypeError).
+        ("trainer.logger=-.inf", "Input should be a valid list (got -inf)"),
+    ],
+)
+def test_found_by_the_fuzz_a_sub_section_or_a_converter_refuses_in_one_line(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config("tiny-cpu", [override])
+    key = override.partition("=")[0]
+    (problem,) = caught.value.problems
+    assert problem.key == key and problem.message.startswith(message), str(problem)
