@@ -169,25 +169,29 @@ def embedding_grad_in_place(model: Any) -> Any:
 
     class _EmbeddingIntoGrad(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, ids: Any, weight: Any) -> Any:
+        def forward(ctx: Any, ids: Any, weight: Any, padding_idx: int | None) -> Any:
             ctx.save_for_backward(ids)
-            ctx.weight = weight
-            return F.embedding(ids, weight)
+            ctx.weight, ctx.padding_idx = weight, padding_idx
+            return F.embedding(ids, weight, padding_idx)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
             (ids,) = ctx.saved_tensors
-            weight = ctx.weight
+            weight, ids = ctx.weight, ids.reshape(-1)
+            rows = grad.reshape(-1, grad.shape[-1]).to(weight.dtype)
+            if ctx.padding_idx is not None:  # as F.embedding: the padding row gets no gradient
+                keep = ids != ctx.padding_idx
+                ids, rows = ids[keep], rows[keep]
             if weight.grad is None:
                 weight.grad = torch.zeros_like(weight)
-            weight.grad.index_add_(0, ids.reshape(-1), grad.reshape(-1, grad.shape[-1]).to(weight.dtype))
-            return None, None
+            weight.grad.index_add_(0, ids, rows)
+            return None, None, None
 
     embed = model.get_input_embeddings()
 
     def forward(self: Any, ids: Any) -> Any:
         if torch.is_grad_enabled() and self.weight.requires_grad:
-            return _EmbeddingIntoGrad.apply(ids, self.weight)
+            return _EmbeddingIntoGrad.apply(ids, self.weight, self.padding_idx)
         return F.embedding(ids, self.weight, self.padding_idx)
 
     embed.forward = types.MethodType(forward, embed)

@@ -22,10 +22,13 @@ from rlhf_ops.extensions import (
 )
 from rlhf_ops.extensions.algorithms import LossAggMode as LossAggMode  # the losses' own aggregation values
 
+# vLLM's CPU attention takes KV blocks in multiples of 32 tokens: the platform's CPU default and the pre-flight bound.
+CPU_KV_BLOCK_SIZE = 32
 KV_BLOCK_SIZE_DOC = (
     "vLLM KV cache block (tokens); the n samples of a prompt share its KV (the prefix cache) in whole blocks. "
-    "None: 32 on CPU (the smallest its attention takes: at vLLM's CPU default of 128, a prompt under 128 tokens "
-    "shares nothing and is prefilled once per sample), the engine's own default on GPU. CPU: a multiple of 32."
+    f"None: {CPU_KV_BLOCK_SIZE} on CPU (the smallest its attention takes: at vLLM's CPU default of 128, a prompt "
+    "under 128 tokens shares nothing and is prefilled once per sample), the engine's own default on GPU. CPU: a "
+    f"multiple of {CPU_KV_BLOCK_SIZE}."
 )
 FREE_CACHE_ENGINE_DOC = (
     "Free the vLLM engine's memory while training. GPU: sleep level 1 (weights to host memory, KV cache freed). "

@@ -26,6 +26,7 @@ from rlhf_ops.config.multi_turn import multi_turn_problems
 from rlhf_ops.config.off_policy_rules import off_policy_problems
 from rlhf_ops.config.reproducibility_rules import reproducibility_problems
 from rlhf_ops.config.schema import RunConfig
+from rlhf_ops.config.section import CPU_KV_BLOCK_SIZE
 from rlhf_ops.config.vision_rules import vision_language_problems
 from rlhf_ops.fs_protocols import unknown_protocol_problem
 from rlhf_ops.sampling import rollout_logprobs_comparable
@@ -106,12 +107,12 @@ def _check_rest(run: RunConfig, problems: list[ConfigProblem]) -> None:
             ConfigProblem("rollout.tensor_model_parallel_size", "tensor parallel rollout needs GPUs", "set 1 on CPU")
         )
     block = run.rollout.kv_block_size
-    if run.resources.device == "cpu" and block is not None and block % 32:
+    if run.resources.device == "cpu" and block is not None and block % CPU_KV_BLOCK_SIZE:
         problems.append(
             ConfigProblem(
                 "rollout.kv_block_size",
-                f"{block}: vLLM's CPU attention takes KV blocks in multiples of 32 tokens",
-                "set 32 (or leave it unset)",
+                f"{block}: vLLM's CPU attention takes KV blocks in multiples of {CPU_KV_BLOCK_SIZE} tokens",
+                f"set {CPU_KV_BLOCK_SIZE} (or leave it unset)",
             )
         )
 

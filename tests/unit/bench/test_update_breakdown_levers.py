@@ -37,9 +37,12 @@ def test_embedding_rows_added_in_place_give_autograds_gradient_and_undo_restores
         num_attention_heads=4,
         num_key_value_heads=2,
         tie_word_embeddings=True,  # the LM head's gradient reaches the same .grad through autograd
+        pad_token_id=0,  # the embedding's padding row gets no gradient from it
     )
     model = LlamaForCausalLM(config)
     batches = [torch.randint(0, 300, (3, 20)) for _ in range(3)]  # repeated ids within and across micro-batches
+    for ids in batches:
+        ids[:, :2] = 0  # padding ids in every micro-batch
     reference = _grads(model, batches)
     undo = embedding_grad_in_place(model)
     patched = _grads(model, batches)

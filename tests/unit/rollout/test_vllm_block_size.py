@@ -12,7 +12,8 @@ import pytest
 from rlhf_ops.config.errors import ConfigError
 from rlhf_ops.config.loader import load_config
 from rlhf_ops.config.schema import RolloutConfig
-from workers.rollout.vllm_rollout import CPU_KV_BLOCK_SIZE, kv_block_size
+from rlhf_ops.config.section import CPU_KV_BLOCK_SIZE
+from workers.rollout.vllm_rollout import kv_block_size
 
 VLLM = ["rollout.engine=vllm", "rollout.kv_cache_memory_bytes=268435456"]
 
