@@ -16,7 +16,8 @@ from rlhf_ops.config.section import Section, not_blank
 
 
 class EarlyStopConfig(Section):
-    """Stop training on a validation metric (NeMo-RL's ``stop_at_validation_threshold``, plus patience)."""
+    """Stop training on a validation metric (NeMo-RL's ``stop_at_validation_threshold``, plus patience) or when a
+    wall-clock budget is spent (Lightning's ``max_time``, but a step that would overrun is not started)."""
 
     metric: Annotated[str | None, not_blank("set a validation metric, e.g. 'val/reward/mean', or null")] = Field(
         None,
@@ -35,6 +36,14 @@ class EarlyStopConfig(Section):
         "None: no patience rule.",
     )
     min_delta: float = Field(0.0, ge=0.0, description="How much a validation must beat the best to count as a win.")
+    max_time_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="Wall-clock budget in seconds, from the driver's start (plus the time of a resumed run's earlier "
+        "attempts up to their last checkpoint). After each step the run stops, as an early stop, when one more step "
+        "as long as the slowest of the last three would end past it; the final checkpoint's save comes on top. "
+        "Needs no validation. None: no budget.",
+    )
 
 
 class ReproducibilityKeys(Section):

@@ -57,6 +57,7 @@ DEFAULT_ALLOWED_OVERRIDES: tuple[str, ...] = (
     "trainer.seed",
     "trainer.balance_batch",
     "trainer.save_hf_model",
+    "trainer.early_stop.*",
 )
 SPEC_FIELD = "allowed_overrides"
 CODE_FIELD = "allowed_code"

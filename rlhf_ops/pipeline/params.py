@@ -118,6 +118,14 @@ class PipelineParams(BaseModel):
         description="Checkpoint (and evaluate) every N steps; empty: the preset's.",
         json_schema_extra=_in(TRAIN),
     )
+    max_train_minutes: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Time budget: end training before a step would finish past this many minutes from the job's "
+        "start, as an early stop that evaluates what it saved (trainer.early_stop.max_time_s); empty: none.",
+        json_schema_extra=_in(TRAIN),
+    )
     learning_rate: float | None = Field(
         None, gt=0, description="actor.optim.lr; empty: the preset's.", json_schema_extra=_in(TRAIN)
     )
@@ -289,6 +297,7 @@ def param_overrides(params: PipelineParams) -> list[str]:
         ("algorithm.adv_estimator", params.algorithm),
         ("trainer.total_training_steps", params.total_training_steps),
         ("trainer.save_freq", params.save_freq),
+        ("trainer.early_stop.max_time_s", None if params.max_train_minutes is None else params.max_train_minutes * 60),
         ("actor.optim.lr", params.learning_rate),
         ("algorithm.use_kl_loss", params.use_kl_loss),
         ("algorithm.kl_loss_coef", params.kl_coef),

@@ -1,5 +1,6 @@
-"""``trainer.early_stop``: stop training at a validation metric threshold or after ``patience`` validations
-without a new best (NeMo-RL's ``stop_at_validation_threshold``), and record it as the run's outcome.
+"""``trainer.early_stop``: stop training at a validation metric threshold, after ``patience`` validations
+without a new best (NeMo-RL's ``stop_at_validation_threshold``), or when the wall-clock budget ``max_time_s``
+would be overrun by one more step, and record it as the run's outcome.
 
 An early-stopped run is a success: the trainer checkpoints the stopping step, writes :data:`OUTCOME_FILE` into the
 run folder (and the remote store), logs ``training/early_stopped`` (1) and tags the MLflow run
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,26 +34,50 @@ OUTCOME_TAG = "rlhf.outcome"
 class EarlyStop:
     """The early-stop rule's state across validations (saved with the trainer's state: a resume keeps it)."""
 
-    def __init__(self, config: EarlyStopConfig) -> None:
+    def __init__(self, config: EarlyStopConfig, *, started: float | None = None) -> None:
+        """``started``: when this attempt began (``time.time()`` scale); default, the driver process's start."""
         self.config = config
         self.best: float | None = None
         self.since_best = 0
         self.reason: str | None = None  # why the run stopped; None while it goes on
+        self.started = _process_start() if started is None else started
+        self.earlier_s = 0.0  # wall-clock of a resumed run's earlier attempts, up to their last checkpoint
+        self.recent_steps: deque[float] = deque(maxlen=3)
 
     @property
     def enabled(self) -> bool:
-        return self.config.metric is not None
+        return self.config.metric is not None or self.config.max_time_s is not None
 
-    def update(self, metrics: dict[str, float], step: int) -> bool:
-        """Reads a validation's ``metrics``; True (and ``training/early_stopped`` in ``metrics``) when the run must
-        stop after ``step``.
+    def elapsed_s(self) -> float:
+        """The run's wall-clock so far: this attempt since its start, plus the earlier attempts'."""
+        return self.earlier_s + max(0.0, time.time() - self.started)
+
+    def update(self, metrics: dict[str, float], step: int, *, step_s: float | None = None) -> bool:
+        """Reads a step's ``metrics`` (and, for the time budget, the step's seconds ``step_s``); True (and
+        ``training/early_stopped`` in ``metrics``) when the run must stop after ``step``.
 
         Raises:
-            ConfigError: the validation did not log ``trainer.early_stop.metric``.
+            ConfigError: a validation did not log ``trainer.early_stop.metric``.
         """
+        self._validation_rule(metrics, step)
+        if step_s is not None:
+            self.recent_steps.append(step_s)
+        if self.reason is None and self.config.max_time_s is not None and self.recent_steps:
+            elapsed, budget, longest = self.elapsed_s(), self.config.max_time_s, max(self.recent_steps)
+            metrics["training/wall_clock_s"] = elapsed
+            if elapsed + longest > budget:
+                self.reason = (
+                    f"wall-clock budget: {elapsed:.0f} s used of trainer.early_stop.max_time_s={budget:g} and a "
+                    f"step takes up to {longest:.0f} s, at step {step}"
+                )
+        if self.reason is not None:
+            metrics["training/early_stopped"] = 1.0
+        return self.reason is not None
+
+    def _validation_rule(self, metrics: dict[str, float], step: int) -> None:
         cfg = self.config
         if cfg.metric is None or not any(k.startswith("val/") for k in metrics):
-            return False  # off, or no validation at this step
+            return  # off, or no validation at this step
         if cfg.metric not in metrics:
             logged = sorted(k for k in metrics if k.startswith("val/"))
             raise ConfigError(
@@ -76,16 +103,21 @@ class EarlyStop:
                 f"{cfg.metric} has not improved on its best {self.best:.6g} for {self.since_best} validations "
                 f"(patience {cfg.patience}) at step {step}"
             )
-        if self.reason is not None:
-            metrics["training/early_stopped"] = 1.0
-        return self.reason is not None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "since_best": self.since_best}
+        return {"best": self.best, "since_best": self.since_best, "elapsed_s": self.elapsed_s()}
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         if state:
             self.best, self.since_best = state.get("best"), int(state.get("since_best", 0))
+            self.earlier_s = float(state.get("elapsed_s", 0.0))
+
+
+def _process_start() -> float:
+    """When this process started (``time.time()`` scale): the driver's start, Ray's start-up included."""
+    import psutil
+
+    return float(psutil.Process().create_time())
 
 
 def record_outcome(

@@ -407,7 +407,7 @@ class PPOTrainer:
             self.state.global_step = step
             if cfg.test_freq and (step % cfg.test_freq == 0 or step == self.total_steps):
                 metrics.update(self.validate())
-            self.early_stop.update(metrics, step)  # trainer.early_stop: may make this step the run's last
+            self.early_stop.update(metrics, step, step_s=time.monotonic() - started)  # may make this the last step
             self.state.history.append({k: metrics[k] for k in _HISTORY_KEYS if k in metrics})
             self.logger.log_metrics(metrics, step=step)
             if step in cfg.profile_steps:  # the workers traced this step: attach their files to the run

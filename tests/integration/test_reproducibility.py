@@ -3,7 +3,8 @@
 
 - two deterministic runs with the same seed: every seed-determined metric and every weight bit-identical;
 - a replay of the first run's dump (no rollout): the same losses, rewards and grad norms, bit for bit;
-- an early stop at a validation threshold: exit 0, the stopping step checkpointed, the outcome recorded.
+- an early stop at a validation threshold, and one at a spent time budget: exit 0, the stopping step checkpointed,
+  the outcome recorded.
 """
 
 from __future__ import annotations
@@ -125,3 +126,17 @@ def test_an_early_stop_at_a_threshold_ends_the_run_as_a_success_with_its_checkpo
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["outcome"] == "early_stopped" and outcome["step"] == 1 and outcome["total_steps"] == STEPS
     assert "rlhf: early stop at step 1 of 3: val/reward/mean=" in out
+
+
+def test_a_spent_time_budget_ends_the_run_as_a_success_after_its_first_step(
+    tmp_path: Path, preset: str, ray_address: str
+) -> None:
+    # One second is spent before the first step ends (the driver's start-up counts): the run stops after it.
+    run_dir, out = _train(tmp_path, preset, ray_address, ["trainer.early_stop.max_time_s=1"])
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [1] and records[0]["training/early_stopped"] == 1.0
+    assert records[0]["training/wall_clock_s"] > 1.0
+    assert (run_dir / "global_step_1" / "MANIFEST.json").exists()
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["step"] == 1 and outcome["reason"].startswith("wall-clock budget: ")
+    assert "rlhf: early stop at step 1 of 3: wall-clock budget: " in out

@@ -89,6 +89,13 @@ EXPECTED: dict[str, tuple[Any, str, str, dict[str, Any]]] = {
         "Checkpoint (and evaluate) every N steps; empty: the preset's.",
         _nullable("integer", minimum=0),
     ),
+    "max_train_minutes": (
+        None,
+        _TRAIN,
+        "Time budget: end training before a step would finish past this many minutes from the job's start, as an "
+        "early stop that evaluates what it saved (trainer.early_stop.max_time_s); empty: none.",
+        _nullable("number", exclusiveMinimum=0),
+    ),
     "learning_rate": (
         None,
         _TRAIN,
@@ -249,6 +256,8 @@ CASES = [
     ("total_training_steps", 1),
     ("save_freq", 0),
     ("save_freq", -1),
+    ("max_train_minutes", 0),
+    ("max_train_minutes", 90.5),
     ("learning_rate", 0.0),
     ("learning_rate", 1e-5),
     ("use_kl_loss", True),

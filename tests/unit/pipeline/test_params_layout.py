@@ -50,6 +50,7 @@ def test_param_overrides_only_for_values_that_are_set() -> None:
         "algorithm.kl_ctrl.kl_coef=0.02",
         "rollout.n=4",
     ]
+    assert param_overrides(PipelineParams(max_train_minutes=90.5)) == ["trainer.early_stop.max_time_s=5430.0"]
     assert param_overrides(PipelineParams()) == []
 
 

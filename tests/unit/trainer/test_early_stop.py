@@ -3,6 +3,7 @@ sensor skipping checkpoints after the stop."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,51 @@ def test_a_resumed_rule_keeps_its_best_and_count() -> None:
     again = EarlyStop(EarlyStopConfig(metric=M, patience=2))
     again.load_state_dict(stop.state_dict())
     assert again.update({M: 0.45}, 3) is True  # second validation without a win
+
+
+def test_the_time_budget_stops_when_one_more_step_as_long_as_the_slowest_of_the_last_three_would_overrun() -> None:
+    stop = EarlyStop(EarlyStopConfig(max_time_s=130.0), started=time.time() - 100.0)  # 100 s used already
+    metrics: dict[str, float] = {}
+    assert stop.update(metrics, 1, step_s=25.0) is False  # 100 + 25 <= 130
+    assert 99.0 < metrics["training/wall_clock_s"] < 110.0 and "training/early_stopped" not in metrics
+    assert stop.update({}, 2, step_s=5.0) is False  # the slowest of the last three is still 25
+    metrics = {}
+    assert stop.update(metrics, 3, step_s=31.0) is True  # 100 + 31 > 130
+    assert metrics["training/early_stopped"] == 1.0
+    assert stop.reason is not None and stop.reason.startswith("wall-clock budget: 100 s used of ")
+    assert "trainer.early_stop.max_time_s=130 and a step takes up to 31 s, at step 3" in stop.reason
+    # only the last three steps count: a slow step stops the run while it is among them, not after
+    for steps_after_the_slow_one, stops in ((1, True), (3, False)):
+        stop = EarlyStop(EarlyStopConfig(max_time_s=140.0), started=time.time() - 50.0)
+        assert stop.update({}, 1, step_s=45.0) is False  # 50 + 45 <= 140
+        for step in range(2, 1 + steps_after_the_slow_one):
+            assert stop.update({}, step, step_s=5.0) is False
+        stop.started = time.time() - 100.0  # 100 s used now
+        assert stop.update({}, 1 + steps_after_the_slow_one, step_s=5.0) is stops  # 100 + 45 > 140; 100 + 5 <= 140
+
+
+def test_no_budget_logs_no_wall_clock_and_never_stops() -> None:
+    stop = EarlyStop(EarlyStopConfig(), started=time.time() - 1e6)
+    metrics: dict[str, float] = {}
+    assert stop.update(metrics, 1, step_s=1e6) is False and metrics == {}
+
+
+def test_a_resumed_run_counts_its_earlier_attempts_up_to_their_checkpoint() -> None:
+    first = EarlyStop(EarlyStopConfig(max_time_s=100.0), started=time.time() - 60.0)
+    saved = first.state_dict()
+    assert 59.0 < saved["elapsed_s"] < 70.0
+    again = EarlyStop(EarlyStopConfig(max_time_s=100.0), started=time.time() - 10.0)  # 10 s into the new attempt
+    again.load_state_dict(saved)
+    assert 69.0 < again.elapsed_s() < 80.0
+    assert again.update({}, 5, step_s=15.0) is False  # ~70 + 15 <= 100
+    assert again.update({}, 6, step_s=35.0) is True  # ~70 + 35 > 100
+
+
+def test_by_default_the_budget_counts_from_the_process_start() -> None:
+    import psutil
+
+    stop = EarlyStop(EarlyStopConfig(max_time_s=10.0))
+    assert stop.started == psutil.Process().create_time() and stop.elapsed_s() > 0.0
 
 
 class _Tags:
