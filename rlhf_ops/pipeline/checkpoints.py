@@ -138,6 +138,10 @@ class CheckpointNeverCommitted(RuntimeError):
 class CheckpointNotTrained(CheckpointNeverCommitted):
     """Training stopped early (``trainer.early_stop``) before the awaited step: nothing to evaluate, not a failure."""
 
+    def __init__(self, message: str, *, stopped_step: int) -> None:
+        super().__init__(message)
+        self.stopped_step = stopped_step
+
 
 def early_stop_step(layout: RunLayout, *, local: bool = True) -> int | None:
     """The step an early-stopped run ended at (its outcome file, local or remote), or None."""
@@ -178,8 +182,35 @@ def checkpoint_ready(step: int, layout: RunLayout, *, train_state: str | None, l
         # A finished job has waited for its uploads, so a missing checkpoint will not appear any more.
         stopped = early_stop_step(layout, local=local) if train_state in TRAIN_DONE_STATES else None
         if stopped is not None and step > stopped:
-            raise CheckpointNotTrained(f"training stopped early at step {stopped} (trainer.early_stop), before {step}")
+            raise CheckpointNotTrained(
+                f"training stopped early at step {stopped} (trainer.early_stop), before {step}", stopped_step=stopped
+            )
         raise CheckpointNeverCommitted(
             f"training is {train_state} and global_step_{step} was never committed under {layout.checkpoint_url}"
         )
     return None
+
+
+def awaited_checkpoint(
+    step: int, layout: RunLayout, *, planned: list[int], train_state: str | None, local: bool = True
+) -> tuple[int, str] | None:
+    """The checkpoint the evaluation planned at ``step`` evaluates, as ``(step, where)``, or None to keep waiting.
+
+    Normally checkpoint ``step`` itself. When training stopped early (a validation rule or the time budget) at a
+    step the plan did not hold, the trainer still committed that step: the first planned evaluation after it
+    evaluates it, so the run's last model is evaluated and can be registered; later planned ones are skipped.
+
+    Raises:
+        CheckpointNotTrained: the run stopped before ``step`` and another evaluation covers what it saved.
+        CheckpointNeverCommitted: training ended and the checkpoint is not there.
+    """
+    try:
+        found = checkpoint_ready(step, layout, train_state=train_state, local=local)
+    except CheckpointNotTrained as exc:
+        stopped = exc.stopped_step
+        if stopped not in planned and step == min(p for p in [*planned, step] if p > stopped):
+            where = find_checkpoint(stopped, layout, local=local)
+            if where is not None:
+                return stopped, where
+        raise
+    return None if found is None else (step, found)

@@ -5,9 +5,10 @@ would be overrun by one more step, and record it as the run's outcome.
 An early-stopped run is a success: the trainer checkpoints the stopping step, writes :data:`OUTCOME_FILE` into the
 run folder (and the remote store), logs ``training/early_stopped`` (1) and tags the MLflow run
 ``rlhf.outcome=early_stopped``, and the entrypoint exits 0. The pipeline's evaluation sensors read the outcome file:
-a checkpoint planned after the stopping step is skipped, not failed, so evaluation and registration go on with
-the checkpoints there are (:func:`rlhf_ops.pipeline.checkpoints.checkpoint_ready`). Torch-free (the Airflow side
-reads the outcome through it).
+the first evaluation planned after the stopping step evaluates the stopping step's checkpoint, the later ones are
+skipped, not failed, so evaluation and registration go on with the checkpoints there are, the last model included
+(:func:`rlhf_ops.pipeline.checkpoints.awaited_checkpoint`). Torch-free (the Airflow side reads the outcome
+through it).
 """
 
 from __future__ import annotations

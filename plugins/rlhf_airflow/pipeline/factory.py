@@ -249,7 +249,9 @@ def _evaluations(
 
     @task_group(group_id="evaluate")
     def evaluate_group(step: int) -> None:
-        found: Any = wait(step=step, layout=plan["layout"], conns=conns)  # an XComArg (see build_pipeline_dag)
+        # an XComArg (see build_pipeline_dag); the plan's steps let the first evaluation after an early stop take
+        # the stopping step's checkpoint
+        found: Any = wait(step=step, layout=plan["layout"], planned=plan["checkpoint_steps"], conns=conns)
         evaluate(
             job="evaluate",
             request={"found": found, "config": plan["config"], "mlflow_run_id": tracking["mlflow_run_id"]},

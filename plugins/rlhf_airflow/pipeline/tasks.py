@@ -103,18 +103,30 @@ def _train_state(context: Mapping[str, Any]) -> str | None:
 
 
 def wait_for_checkpoint(
-    step: int, layout: dict[str, Any], *, conns: Mapping[str, str | None], **context: Any
+    step: int,
+    layout: dict[str, Any],
+    *,
+    conns: Mapping[str, str | None],
+    planned: list[int] | None = None,
+    **context: Any,
 ) -> PokeReturnValue:
     """Sensor poke: done once ``global_step_<step>`` is committed on the remote store (without one: in the work
-    folder, which then must be shared)."""
-    from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, CheckpointNotTrained, checkpoint_ready
+    folder, which then must be shared). After an early stop at a step the plan (``planned``) did not hold, the first
+    planned evaluation after it takes the stopping step's checkpoint (``awaited_checkpoint``)."""
+    from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, CheckpointNotTrained, awaited_checkpoint
     from rlhf_ops.pipeline.layout import RunLayout, patched_environ
 
     train_state = _train_state(context)
     run_layout = RunLayout.from_dict(layout)  # the cluster's paths: only its remote store is read from here
     with patched_environ(connection_env(**conns)):
         try:
-            found = checkpoint_ready(step, run_layout, train_state=train_state, local=not run_layout.remote_run_url)
+            found = awaited_checkpoint(
+                step,
+                run_layout,
+                planned=[int(p) for p in planned or [step]],
+                train_state=train_state,
+                local=not run_layout.remote_run_url,
+            )
         except CheckpointNeverCommitted as exc:
             if train_state in FAILED_STATES or isinstance(exc, CheckpointNotTrained):  # early stop: a success
                 raise AirflowSkipException(f"nothing to evaluate: {exc}") from None
@@ -122,7 +134,8 @@ def wait_for_checkpoint(
     if found is None:
         log.info("global_step_%d is not committed yet (train: %s)", step, train_state)
         return PokeReturnValue(is_done=False)
-    return PokeReturnValue(is_done=True, xcom_value={"step": step, "location": found})
+    evaluated, where = found
+    return PokeReturnValue(is_done=True, xcom_value={"step": evaluated, "location": where})
 
 
 def promote_champion(

@@ -3,6 +3,7 @@ sensor skipping checkpoints after the stop."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,8 +12,14 @@ from fsspec.implementations.local import LocalFileSystem
 
 from rlhf_ops.config import ConfigError
 from rlhf_ops.config.reproducibility import EarlyStopConfig
-from rlhf_ops.pipeline.checkpoints import CheckpointNeverCommitted, CheckpointNotTrained, checkpoint_ready
+from rlhf_ops.pipeline.checkpoints import (
+    CheckpointNeverCommitted,
+    CheckpointNotTrained,
+    awaited_checkpoint,
+    checkpoint_ready,
+)
 from rlhf_ops.pipeline.layout import RunLayout
+from rlhf_ops.storage.manifest import write_manifest
 from rlhf_ops.trainer.early_stop import EarlyStop, read_outcome, record_outcome
 
 M = "val/reward/mean"
@@ -139,3 +146,33 @@ def test_the_outcome_is_written_and_the_sensor_skips_later_checkpoints_but_fails
     with pytest.raises(CheckpointNeverCommitted) as info:
         checkpoint_ready(1, layout, train_state="success")  # before the stop: a real loss
     assert not isinstance(info.value, CheckpointNotTrained)
+
+
+def test_the_first_planned_evaluation_after_an_unplanned_stop_takes_the_stopping_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for step in (2, 3):  # planned every 2 steps of 6; the time budget stopped the run after step 3
+        (run_dir / f"global_step_{step}").mkdir(parents=True)
+        (run_dir / f"global_step_{step}" / "weights.bin").write_bytes(b"w")
+        write_manifest(run_dir / f"global_step_{step}", step=step)
+    (run_dir / "outcome.json").write_text(json.dumps({"outcome": "early_stopped", "step": 3, "total_steps": 6}))
+    layout = RunLayout(
+        work_dir=str(tmp_path),
+        dag_id="exp",
+        run_key="run",
+        data_root=str(tmp_path),
+        checkpoint_root=str(tmp_path),
+        experiment="exp",
+        local_run_dir=str(run_dir),
+        remote_run_url=None,
+        cache_dir=str(tmp_path),
+        models_dir=str(tmp_path),
+    )
+    planned = [2, 4, 6]
+    assert awaited_checkpoint(2, layout, planned=planned, train_state="running") == (2, str(run_dir / "global_step_2"))
+    assert awaited_checkpoint(4, layout, planned=planned, train_state="running") is None  # still training: wait
+    assert awaited_checkpoint(4, layout, planned=planned, train_state="success") == (3, str(run_dir / "global_step_3"))
+    with pytest.raises(CheckpointNotTrained, match="stopped early at step 3"):
+        awaited_checkpoint(6, layout, planned=planned, train_state="success")
+    # a stop at a planned step is that step's own evaluation: every later one is skipped
+    with pytest.raises(CheckpointNotTrained, match="stopped early at step 3"):
+        awaited_checkpoint(4, layout, planned=[3, 4, 6], train_state="success")
