@@ -147,9 +147,17 @@ def predict(
         lora=config.model.lora.rank > 0,
     )
     ranks = config.resources.nproc_per_node if config.resources.device == "cpu" else 1
-    return Prediction(
+    prediction = Prediction(
         memory=memory_terms(shapes, step, precision, rollout), seconds=seconds, peaks=peaks, ranks_per_memory=ranks
     )
+    budget = config.trainer.early_stop.max_time_s
+    if budget is not None and prediction.step_seconds > 0:
+        fit = int(budget // prediction.step_seconds)
+        prediction.notes.append(
+            f"trainer.early_stop.max_time_s={budget:g}: about {fit} step{'s' if fit != 1 else ''} fit (predicted; "
+            "start-up and checkpoints not counted)"
+        )
+    return prediction
 
 
 # The knob that frees each term, by device.

@@ -396,7 +396,7 @@ class Prediction:
         if not self.seconds:
             return "; ".join([memory, *self.notes])
         stages = ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items())
-        return f"{memory}, {self.step_seconds:.1f} s/step ({stages})"
+        return "; ".join([f"{memory}, {self.step_seconds:.1f} s/step ({stages})", *self.notes])
 
     def to_dict(self) -> dict[str, Any]:
         return {

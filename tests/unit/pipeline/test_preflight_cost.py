@@ -103,3 +103,16 @@ def test_gpu_vllm_share_is_refused_with_its_knob(tmp_path: Path, capsys: object)
     assert code == 2
     assert "from the H100 table: a prediction" in out.out
     assert "error: rollout.gpu_memory_utilization: vLLM's 0.50 of the H100's 80 GiB" in out.err
+
+
+def test_cost_says_how_many_steps_a_time_budget_fits(tmp_path: Path, capsys: object) -> None:
+    model = tmp_path / "smollm2.json"
+    model.write_text(json.dumps(SMOLLM2))
+    head = ["cost", "tiny-cpu", "resources.device=cuda", "resources.nproc_per_node=1"]
+    tail = ["--gpu", "h100", "--model-config", str(model)]
+    assert main([*head, *tail, "--json"]) == 0
+    seconds = sum(json.loads(capsys.readouterr().out)["seconds"].values())  # type: ignore[attr-defined]
+    budget = 100 * seconds + 1e-6  # a hundred predicted steps, to rounding
+    assert main([*head, f"trainer.early_stop.max_time_s={budget!r}", *tail]) == 0
+    first = capsys.readouterr().out.splitlines()[0]  # type: ignore[attr-defined]
+    assert f"trainer.early_stop.max_time_s={budget:g}: about 100 steps fit (predicted; " in first
