@@ -15,6 +15,10 @@ step (``MiniBatchUpdate``, the worker's loop), for each variant in the same run,
   added row by row into ``.grad`` (``index_add_``) instead of a dense vocabulary x hidden tensor per micro-batch,
   zero-filled and then added (the tied LM head of SmolLM2 shares that ``.grad``). Same sums in another fp32 order;
   a lever measured, not a platform path;
+- ``grouped-attn`` (``--variants keep-casts,grouped-attn``): ``keep-casts`` with the shared-prompt row attended
+  per prompt group instead of densely over the whole micro-batch (:func:`grouped_attention`); with ``--micro 16``
+  or ``32`` it says whether larger micro-batches pay once attention stops growing with their square. A lever
+  measured, not a platform path;
 - ``compiled`` (``--variants keep-casts,compiled``): ``keep-casts`` with the elementwise work of every block fused by
   ``torch.compile`` (Inductor's C++ backend): RMSNorm as one kernel, the MLP's ``silu(gate) * up`` as one; the
   matmuls stay oneDNN's. A lever measured, not a platform path.
@@ -202,6 +206,63 @@ def embedding_grad_in_place(model: Any) -> Any:
     return undo
 
 
+def grouped_attention(model: Any) -> Any:
+    """Patches sdpa so a shared-prompt packed row is attended group by group: each prompt with its own responses.
+
+    The packed row's mask is block-diagonal over prompt groups once its tokens are grouped (a token sees only its
+    own prompt and response), so the dense N x N attention over the whole micro-batch computes, and
+    differentiates, the groups' zeros. Here each group's query / key / value rows are gathered, run through the same
+    sdpa with the group's own mask, and put back in place: the same result (to float rounding) for sum of n_g^2
+    instead of N^2 attention. A token's group is the first column its mask row sees (its prompt's first token).
+    Returns an undo callable (its ``calls["grouped"]`` counts the calls that went per group). Other masks (padded
+    batches, no mask) go to sdpa unchanged. A lever measured, not a platform path.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    cached: list[Any] = []  # [mask, groups]: one micro-batch's mask serves all of its layers
+    calls = {"grouped": 0}  # attention calls that went per group (read by the tests)
+
+    def groups_of(mask: Any) -> Any:
+        if cached and cached[0] is mask:
+            return cached[1]
+        square = mask[0, 0]
+        visible = square if square.dtype == torch.bool else square == 0  # bool (sdpa) or additive (0 = visible)
+        first = visible.to(torch.uint8).argmax(-1)  # the first visible column of each row
+        order = torch.argsort(first, stable=True)
+        starts = first[order]
+        bounds = [0, *((starts[1:] != starts[:-1]).nonzero().flatten() + 1).tolist(), len(order)]
+        groups = []
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            idx = order[lo:hi]
+            groups.append((idx, square[idx][:, idx][None, None]))
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        cached[:] = [mask, (groups, inverse)]
+        return cached[1]
+
+    def grouped(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+        if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[:2] != (1, 1):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        groups, inverse = groups_of(attention_mask)
+        calls["grouped"] += 1
+        outs = [
+            sdpa_attention_forward(module, query[:, :, idx], key[:, :, idx], value[:, :, idx], sub, **kwargs)[0]
+            for idx, sub in groups
+        ]  # each (1, n_g, heads, head_dim)
+        return torch.cat(outs, dim=1)[:, inverse], None
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped
+
+    def undo() -> None:
+        del ALL_ATTENTION_FUNCTIONS["sdpa"]
+        cached.clear()
+
+    undo.calls = calls  # type: ignore[attr-defined]
+    return undo
+
+
 def gemm_shapes(model_dir: str) -> dict[str, int]:
     """The model's shapes that ``gemm_floor`` reads: ``model_shapes`` plus the MLP width, vocabulary and KV width."""
     from bench.bench_vs_trl import model_shapes
@@ -259,15 +320,17 @@ def main() -> None:
         help="the update's compute dtype (auto: bfloat16 where the CPU has it natively, else float32, as the bench)",
     )
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one mini-batch")
+    parser.add_argument("--micro", type=int, default=8, help="rows per micro-batch (8: 2 prompt groups, the bench's)")
     parser.add_argument(
         "--variants",
         default="per-forward,keep-casts",
-        help="two of per-forward, keep-casts, compiled, embed-in-place (interleaved)",
+        help="two of per-forward, keep-casts, compiled, embed-in-place, grouped-attn (interleaved)",
     )
     args = parser.parse_args()
     variants = args.variants.split(",")
-    if not set(variants) <= {"per-forward", "keep-casts", "compiled", "embed-in-place"}:
-        sys.exit(f"--variants: {args.variants!r}; choose from per-forward, keep-casts, compiled, embed-in-place")
+    known = ["per-forward", "keep-casts", "compiled", "embed-in-place", "grouped-attn"]
+    if not set(variants) <= set(known):
+        sys.exit(f"--variants: {args.variants!r}; choose from {', '.join(known)}")
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     os.environ.setdefault("LRU_CACHE_CAPACITY", "64")
 
@@ -292,7 +355,7 @@ def main() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = _batch(tok, prompts=8, n=4, max_new=32, seed=0)
-    micro = 8  # rows per micro-batch: 2 prompt groups, as in the bench
+    micro = args.micro  # rows per micro-batch (8: 2 prompt groups, as in the bench)
     fsdp = FSDPConfig(single_rank_plain=True)
     model = build_fsdp_model(
         model_dir,
@@ -303,10 +366,14 @@ def main() -> None:
         precision=resolve_precision(dtype, fsdp, trained=True, device="cpu"),
     )
     optimizer = build_optimizer(model, OptimConfig(lr=1e-7))
-    results: dict[str, Any] = {"threads": args.threads, "variants": {}}
+    results: dict[str, Any] = {"threads": args.threads, "micro": micro, "variants": {}}
     for variant in variants + variants:  # interleaved against drift
         keep = variant != "per-forward"
-        patch = {"compiled": compile_elementwise, "embed-in-place": embedding_grad_in_place}.get(variant)
+        patch = {
+            "compiled": compile_elementwise,
+            "embed-in-place": embedding_grad_in_place,
+            "grouped-attn": grouped_attention,
+        }.get(variant)
         undo = patch(model) if patch is not None else None
         start = time.perf_counter()
         _update_once(model, optimizer, batch, micro=micro, keep=keep)  # warm-up (oneDNN primitives, compilation)
