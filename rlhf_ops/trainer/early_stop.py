@@ -63,10 +63,10 @@ class EarlyStop:
         self._validation_rule(metrics, step)
         if step_s is not None:
             self.recent_steps.append(step_s)
-        if self.reason is None and self.config.max_time_s is not None and self.recent_steps:
+        if self.config.max_time_s is not None and self.recent_steps:
             elapsed, budget, longest = self.elapsed_s(), self.config.max_time_s, max(self.recent_steps)
             metrics["training/wall_clock_s"] = elapsed
-            if elapsed + longest > budget:
+            if self.reason is None and elapsed + longest > budget:
                 self.reason = (
                     f"wall-clock budget: {elapsed:.0f} s used of trainer.early_stop.max_time_s={budget:g} and a "
                     f"step takes up to {longest:.0f} s, at step {step}"
@@ -106,7 +106,10 @@ class EarlyStop:
             )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "since_best": self.since_best, "elapsed_s": self.elapsed_s()}
+        state: dict[str, Any] = {"best": self.best, "since_best": self.since_best}
+        if self.config.max_time_s is not None:  # only a budgeted run keeps its clock (the rest stays seed-determined)
+            state["elapsed_s"] = self.elapsed_s()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         if state:

@@ -118,16 +118,19 @@ def test_an_early_stop_at_a_threshold_ends_the_run_as_a_success_with_its_checkpo
             "trainer.test_freq=1",
             "trainer.early_stop.metric=val/reward/mean",
             "trainer.early_stop.threshold=-100",
+            "trainer.early_stop.max_time_s=100000",  # a budget that does not end the run: its clock is logged
         ],
     )
     records = _records(run_dir)
     assert [r["step"] for r in records] == [1] and records[0]["training/early_stopped"] == 1.0
+    assert 1.0 < records[0]["training/wall_clock_s"] < RUN_TIMEOUT_S  # the driver's start-up and the step
     assert (run_dir / "global_step_1" / "MANIFEST.json").exists()
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["outcome"] == "early_stopped" and outcome["step"] == 1 and outcome["total_steps"] == STEPS
     assert "rlhf: early stop at step 1 of 3: val/reward/mean=" in out
 
 
+@pytest.mark.slow
 def test_a_spent_time_budget_ends_the_run_as_a_success_after_its_first_step(
     tmp_path: Path, preset: str, ray_address: str
 ) -> None:

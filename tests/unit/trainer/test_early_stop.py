@@ -82,10 +82,11 @@ def test_the_time_budget_stops_when_one_more_step_as_long_as_the_slowest_of_the_
         assert stop.update({}, 1 + steps_after_the_slow_one, step_s=5.0) is stops  # 100 + 45 > 140; 100 + 5 <= 140
 
 
-def test_no_budget_logs_no_wall_clock_and_never_stops() -> None:
+def test_no_budget_logs_no_wall_clock_keeps_no_clock_and_never_stops() -> None:
     stop = EarlyStop(EarlyStopConfig(), started=time.time() - 1e6)
     metrics: dict[str, float] = {}
     assert stop.update(metrics, 1, step_s=1e6) is False and metrics == {}
+    assert stop.state_dict() == {"best": None, "since_best": 0}  # a resumed run's state stays seed-determined
 
 
 def test_a_resumed_run_counts_its_earlier_attempts_up_to_their_checkpoint() -> None:
