@@ -265,6 +265,15 @@ RANK_VARIANTS["1x2-plain-mb16"] = [
     "actor.log_prob_micro_batch_size_per_gpu=16",
     "ref.log_prob_micro_batch_size_per_gpu=16",
 ]
+# 1x2-plain with the shared-prompt row attended per prompt group (actor.share_prompt_attention=per_prompt): sum of
+# n_g^2 attention scores instead of N^2, so a micro-batch of all 8 groups no longer pays a dense 8-group mask.
+RANK_VARIANTS["1x2-plain-pp"] = [*RANK_VARIANTS["1x2-plain"], "actor.share_prompt_attention=per_prompt"]
+RANK_VARIANTS["1x2-plain-pp32"] = [
+    *RANK_VARIANTS["1x2-plain-pp"],
+    "actor.ppo_micro_batch_size_per_gpu=32",
+    "actor.log_prob_micro_batch_size_per_gpu=32",
+    "ref.log_prob_micro_batch_size_per_gpu=32",
+]
 # 1x2-bf16-plain with the vLLM engine in bf16 too (the rollout's GEMMs on the bf16 units; the update stays
 # on-policy: its ratio uses the actor's own log-probs, the engine's only feed the rollout-vs-actor metrics).
 RANK_VARIANTS["1x2-bf16-full"] = [*RANK_VARIANTS["1x2-bf16-plain"], "rollout.dtype=bfloat16"]

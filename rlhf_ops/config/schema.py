@@ -265,6 +265,13 @@ class ActorConfig(Section):
         "forward/backward drops n-fold. Needs attn_implementation sdpa or eager, no Ulysses, a text policy; "
         "micro-batches should hold whole groups (ppo_micro_batch_size_per_gpu a multiple of rollout.n).",
     )
+    share_prompt_attention: Literal["dense", "per_prompt"] = Field(
+        "dense",
+        description="With share_prompt_prefix, how the packed row's attention runs (actor and reference): dense "
+        "(sdpa over the whole row's N x N mask) or per_prompt (sdpa per prompt group, each prompt with its own "
+        "responses: the same values to float rounding, sum of n_g^2 scores instead of N^2; pays with several "
+        "prompts per micro-batch). Needs attn_implementation sdpa.",
+    )
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 

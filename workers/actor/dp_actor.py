@@ -42,6 +42,7 @@ from workers.sp.ulysses import ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator, all_reduce
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches
 from workers.utils.micro_batch import split_mini_batches
+from workers.utils.prompt_group_attention import enable_per_prompt_attention
 from workers.utils.shared_prompt import forwarded_lengths
 
 __all__ = ["DataParallelPPOActor", "bind_policy_loss"]
@@ -139,6 +140,8 @@ class DataParallelPPOActor:
         # that hold the shards (SP ranks too: each one backwards its slice of the same rows), so undo that mean.
         self.loss_scale = self.dp_size * self.sp_size
         """FSDP averages gradients over dp x sp ranks; each micro-batch loss is multiplied by this before backward."""
+        if config.share_prompt_prefix and config.share_prompt_attention == "per_prompt":
+            enable_per_prompt_attention(module)  # the shared-prompt row attended per prompt group
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self._keep_logits = supports_logits_to_keep(module)
         self._policy_loss = bind_policy_loss(algorithm, seed=seed)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from workers.utils.prompt_group_attention import PER_PROMPT_ATTENTION
 from workers.utils.remove_padding import PackedBatch
 
 __all__ = ["forwarded_lengths", "pack_shared_prompts", "shared_prompt_mask_dtype"]
@@ -35,7 +36,7 @@ __all__ = ["forwarded_lengths", "pack_shared_prompts", "shared_prompt_mask_dtype
 def shared_prompt_mask_dtype(module: nn.Module) -> torch.dtype:
     """The explicit attention mask's dtype for the model's attention: bool for sdpa, additive fp32 for eager."""
     impl = getattr(getattr(module, "config", None), "_attn_implementation", None) or "sdpa"
-    if impl == "sdpa":
+    if impl in ("sdpa", PER_PROMPT_ATTENTION):
         return torch.bool
     if impl == "eager":
         return torch.float32

@@ -141,6 +141,15 @@ def test_shared_prompts_refuse_ulysses_and_flash_attention() -> None:
     fa2 = _problems(["actor.share_prompt_prefix=true", "model.attn_implementation=flash_attention_2"])
     assert "set model.attn_implementation=sdpa" in fa2["actor.share_prompt_prefix"]
     assert load_config("tiny-cpu", ["actor.share_prompt_prefix=true"]).actor.share_prompt_prefix
+    alone = _problems(["actor.share_prompt_attention=per_prompt", "model.attn_implementation=sdpa"])
+    assert "set actor.share_prompt_prefix=true" in alone["actor.share_prompt_attention"]
+    per_prompt = ["actor.share_prompt_prefix=true", "actor.share_prompt_attention=per_prompt"]
+    eager = _problems([*per_prompt, "model.attn_implementation=eager"])
+    assert "set model.attn_implementation=sdpa" in eager["actor.share_prompt_attention"]
+    assert (
+        load_config("tiny-cpu", [*per_prompt, "model.attn_implementation=sdpa"]).actor.share_prompt_attention
+        == "per_prompt"
+    )
 
 
 def test_hsdp_replicate_must_divide_world() -> None:

@@ -16,6 +16,7 @@ from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
 from workers.actor import DataParallelPPOActor
 from workers.fsdp import build_lr_scheduler, build_optimizer
 from workers.fsdp.update_loop import MiniBatchUpdate
+from workers.utils.prompt_group_attention import CALLS
 
 R = 5  # response length of make_ppo_batch
 
@@ -192,3 +193,30 @@ def test_gradient_sync_on_the_last_micro_batch_only_gives_the_same_update(
         return update.sync_once
 
     assert sync_once(fsdp_model()) and not sync_once(fsdp_model(wrap=False))
+
+
+def test_attention_per_prompt_group_updates_as_the_dense_shared_prompt_row(
+    fsdp_model: Callable[..., nn.Module],
+) -> None:
+    # actor.share_prompt_attention=per_prompt: two prompt groups of 2 rows per micro-batch of 4, attended one by one
+    # on the FSDP2 module; the update's metrics and weights match the dense mask's to float rounding.
+    data = make_ppo_batch()
+    b = data.batch
+    p = b["prompts"].shape[1]
+    src = torch.arange(8) // 2 * 2  # rows 2k and 2k + 1 share row 2k's prompt
+    b["prompts"] = b["prompts"][src]
+    b["input_ids"][:, :p] = b["input_ids"][src, :p]
+    b["attention_mask"][:, :p] = b["attention_mask"][src, :p]
+    b["position_ids"] = (b["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
+    plan = make_plan(mini_per_rank=4, micro_per_rank=4)
+    algorithm = AlgorithmConfig()
+    dense_config = ActorConfig(use_remove_padding=True, share_prompt_prefix=True)
+    dense, w_dense = _update(fsdp_model, plan, data, algorithm, dense_config)
+    before = CALLS["per_prompt"]
+    grouped_config = dense_config.model_copy(update={"share_prompt_attention": "per_prompt"})
+    grouped, w_grouped = _update(fsdp_model, plan, data, algorithm, grouped_config)
+    assert CALLS["per_prompt"] > before  # the FSDP2 module's layers attended per group
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert grouped[key] == pytest.approx(dense[key], rel=1e-4, abs=1e-7), key
+    for name in w_dense:
+        torch.testing.assert_close(w_grouped[name], w_dense[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -6,6 +6,8 @@ The model is the real SmolLM2-135M-Instruct cut to 2 decoder blocks (tests.suppo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -14,6 +16,12 @@ from rlhf_ops.padding import compute_position_ids
 from rlhf_ops.seqlen_balancing import balance_groups_across_dp
 from tests.support.shrunk_model import shrunk_smollm2
 from workers.actor.forward import response_log_probs
+from workers.utils.prompt_group_attention import (
+    CALLS,
+    PER_PROMPT_ATTENTION,
+    enable_per_prompt_attention,
+    prompt_groups,
+)
 from workers.utils.shared_prompt import pack_shared_prompts
 
 PAD = 2  # SmolLM2: pad == eos
@@ -124,3 +132,63 @@ def test_groups_move_whole_when_balancing_ranks() -> None:
     totals = sorted(sum(lengths[i] for i in half) for half in halves)
     assert totals == [60, 70]  # {b, c} and {a, d}: the best split of 20/60/10/40
     assert balance_groups_across_dp(mask, ["a", "a", "b", "b", "c", "c", "c", "d"], 2) is None  # unequal groups
+
+
+def test_attention_per_prompt_group_gives_the_dense_rows_values_and_leaves_other_batches_to_sdpa(
+    tmp_path: Path,
+) -> None:
+    """``actor.share_prompt_attention=per_prompt``: three prompt groups attended one by one; the same log-probs,
+    entropy and gradients as the dense mask; a padded batch runs sdpa exactly as before."""
+    from transformers import AutoModelForCausalLM
+
+    path = shrunk_smollm2(str(tmp_path / "smollm2-2l"), layers=2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 1000, (n,), generator=gen).tolist() for n in (23, 17, 9)]
+    rows = [(i % 3, torch.randint(10, 1000, (1 + (5 * i) % 9,), generator=gen).tolist()) for i in range(12)]
+    r = 10
+    b = _grouped_batch(prompts, rows, p=25, r=r)
+    mask = b["attention_mask"][:, -r:].bool()
+    want, want_entropy, want_grads = _log_probs_and_grads(model, b, r, share_prompts=True)
+    padded, _, _ = _log_probs_and_grads(model, b, r)
+
+    assert enable_per_prompt_attention(model) == PER_PROMPT_ATTENTION
+    assert enable_per_prompt_attention(model) == PER_PROMPT_ATTENTION  # idempotent
+    before = dict(CALLS)
+    got, got_entropy, got_grads = _log_probs_and_grads(model, b, r, share_prompts=True)
+    assert CALLS["per_prompt"] - before["per_prompt"] == 2 and CALLS["dense"] == before["dense"]  # both layers
+    torch.testing.assert_close(got[mask], want[mask], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got_entropy[mask], want_entropy[mask], atol=2e-5, rtol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert torch.allclose(g, w, atol=1e-4, rtol=1e-3), (g - w).abs().max()
+    assert want[mask].abs().max() > 1.0  # real log-probs
+
+    again, _, _ = _log_probs_and_grads(model, b, r)  # padded rows: sdpa's own mask, sdpa unchanged
+    assert CALLS["dense"] - before["dense"] == 2
+    assert torch.equal(again, padded)
+
+
+def test_prompt_groups_are_read_only_from_a_block_diagonal_mask() -> None:
+    b = _grouped_batch([[11, 12, 13], [21, 22]], [(0, [31, 32]), (1, [41]), (0, [51, 52, 53])], p=4, r=3)
+    packed = pack_shared_prompts(**b, response_length=3)
+    assert packed is not None and packed.attention_mask is not None
+    found = prompt_groups(packed.attention_mask)
+    assert found is not None
+    groups, inverse = found
+    # Prompt 0 (packed 0-2) with rows 0 and 2 (5, 6, 8-10); prompt 1 (3, 4) with row 1 (7).
+    assert [idx.tolist() for idx, _ in groups] == [[0, 1, 2, 5, 6, 8, 9, 10], [3, 4, 7]]
+    assert torch.equal(torch.cat([idx for idx, _ in groups])[inverse], torch.arange(11))
+    leaky = packed.attention_mask.clone()
+    leaky[0, 0, 7, 0] = True  # row 1 sees prompt 0's first token: not two independent groups
+    assert prompt_groups(leaky) is None
+    causal = torch.ones(11, 11, dtype=torch.bool).tril()[None, None]
+    assert prompt_groups(causal) is None  # one group: dense sdpa costs the same
+
+
+def test_attention_per_prompt_group_needs_sdpa(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = shrunk_smollm2(str(tmp_path / "smollm2-1l"), layers=1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with pytest.raises(ValueError, match="set model.attn_implementation=sdpa, or actor.share_prompt_attention=dense"):
+        enable_per_prompt_attention(model)
