@@ -35,15 +35,18 @@ def _check_shared_prompts(
         )
 
 
-def _check_prompt_attention(cfg: ActorConfig, run: RunConfig, problems: list[ConfigProblem]) -> None:
-    """``actor.share_prompt_attention=per_prompt`` runs sdpa per group of the shared-prompt row."""
-    key = "actor.share_prompt_attention"
+def _check_prompt_attention(
+    section: str, cfg: ActorConfig | CriticConfig, run: RunConfig, problems: list[ConfigProblem]
+) -> None:
+    """``<section>.share_prompt_attention=per_prompt`` runs sdpa per group of the shared-prompt row."""
+    key = f"{section}.share_prompt_attention"
     if not cfg.share_prompt_prefix:
         problems.append(
             ConfigProblem(
                 key,
-                "per_prompt attends the shared-prompt packed row group by group, and actor.share_prompt_prefix is off",
-                f"set actor.share_prompt_prefix=true, or {key}=dense",
+                f"per_prompt attends the shared-prompt packed row group by group, and {section}.share_prompt_prefix "
+                "is off",
+                f"set {section}.share_prompt_prefix=true, or {key}=dense",
             )
         )
     if run.model.attn_implementation != "sdpa":
@@ -81,8 +84,8 @@ def _check_ppo_sizes(
         )
     if cfg.share_prompt_prefix:
         _check_shared_prompts(section, cfg, run, problems)
-    if isinstance(cfg, ActorConfig) and cfg.share_prompt_attention == "per_prompt":
-        _check_prompt_attention(cfg, run, problems)
+    if cfg.share_prompt_attention == "per_prompt":
+        _check_prompt_attention(section, cfg, run, problems)
     dp = world // sp
     bsz = run.data.train_batch_size
     if bsz % cfg.ppo_mini_batch_size:

@@ -292,6 +292,9 @@ class CriticConfig(Section):
     share_prompt_prefix: bool = Field(
         False, description="As actor.share_prompt_prefix, for the value forward and its backward."
     )
+    share_prompt_attention: Literal["dense", "per_prompt"] = Field(
+        "dense", description="As actor.share_prompt_attention, for the value model."
+    )
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 

@@ -27,6 +27,7 @@ from workers.sp.ulysses import ulysses_sequence_parallel
 from workers.utils.dist import MetricAccumulator
 from workers.utils.forward_runner import check_parallel_groups, forward_micro_batches, forward_packed
 from workers.utils.micro_batch import split_mini_batches
+from workers.utils.prompt_group_attention import enable_per_prompt_attention
 from workers.utils.remove_padding import pack_sequences, scatter_response
 from workers.utils.shared_prompt import pack_shared_prompts, shared_prompt_mask_dtype
 from workers.utils.trim_padding import trim_padding_columns
@@ -91,6 +92,8 @@ class DataParallelPPOCritic:
         # Losses are normalised by global counts, so the wanted gradient is the sum over ranks; FSDP averages
         # over the dp x sp ranks holding the shards: multiplying by their number undoes that mean (as the actor).
         self.loss_scale = self.dp_size * self.sp_size
+        if config.share_prompt_prefix and config.share_prompt_attention == "per_prompt":
+            enable_per_prompt_attention(module, role="critic")  # the shared-prompt row attended per prompt group
         self.device = torch.device(device) if device is not None else next(module.parameters()).device
         self.last_update_tokens = 0
 

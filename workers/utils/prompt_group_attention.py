@@ -14,7 +14,8 @@ The groups are read from the mask itself (a token's group is the first column it
 once per micro-batch: every layer, and a recomputed forward under activation checkpointing, receives the same mask
 tensor. A mask that is not block-diagonal under that grouping (any other explicit mask) goes to sdpa unchanged, as
 do padded batches and batches of several rows, so switching a model to this attention never changes what it
-computes. Selected by ``actor.share_prompt_attention=per_prompt``, for the actor and the reference policy.
+computes. Selected by ``actor.share_prompt_attention=per_prompt`` (the actor and the reference policy) and
+``critic.share_prompt_attention=per_prompt``.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def per_prompt_sdpa(
     return torch.cat(outs, dim=1).index_select(1, inverse), None
 
 
-def enable_per_prompt_attention(model: nn.Module) -> str:
+def enable_per_prompt_attention(model: nn.Module, *, role: str = "actor") -> str:
     """Switches an HF model from sdpa to :data:`PER_PROMPT_ATTENTION`, registering it with transformers
     (idempotent). Padded batches build sdpa's own mask and run sdpa as before.
 
@@ -110,8 +111,8 @@ def enable_per_prompt_attention(model: nn.Module) -> str:
         return current
     if current != "sdpa":
         raise ValueError(
-            f"actor.share_prompt_attention=per_prompt runs sdpa per prompt group, and the model's attention is "
-            f"{current!r}; set model.attn_implementation=sdpa, or actor.share_prompt_attention=dense"
+            f"{role}.share_prompt_attention=per_prompt runs sdpa per prompt group, and the model's attention is "
+            f"{current!r}; set model.attn_implementation=sdpa, or {role}.share_prompt_attention=dense"
         )
     AttentionInterface.register(PER_PROMPT_ATTENTION, per_prompt_sdpa)
     AttentionMaskInterface.register(PER_PROMPT_ATTENTION, sdpa_mask)

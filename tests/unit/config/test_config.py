@@ -146,6 +146,10 @@ def test_shared_prompts_refuse_ulysses_and_flash_attention() -> None:
     per_prompt = ["actor.share_prompt_prefix=true", "actor.share_prompt_attention=per_prompt"]
     eager = _problems([*per_prompt, "model.attn_implementation=eager"])
     assert "set model.attn_implementation=sdpa" in eager["actor.share_prompt_attention"]
+    critic = _problems(
+        ["algorithm.adv_estimator=gae", "critic.share_prompt_attention=per_prompt", "model.attn_implementation=sdpa"]
+    )
+    assert "set critic.share_prompt_prefix=true" in critic["critic.share_prompt_attention"]
     assert (
         load_config("tiny-cpu", [*per_prompt, "model.attn_implementation=sdpa"]).actor.share_prompt_attention
         == "per_prompt"

@@ -14,6 +14,7 @@ from rlhf_ops.config.schema import AlgorithmConfig, CriticConfig, OptimConfig
 from tests.unit.workers.fsdp_test_batch import make_plan, make_ppo_batch
 from workers.critic import DataParallelPPOCritic
 from workers.fsdp import build_lr_scheduler, build_optimizer
+from workers.utils.prompt_group_attention import CALLS
 from workers.utils.shared_prompt import pack_shared_prompts
 
 R = 5
@@ -81,7 +82,8 @@ def test_clipped_vf_loss_matches_the_reference_and_is_split_invariant(fsdp_model
 
 
 def test_shared_prompt_values_and_update_equal_the_padded_ones(fsdp_model: Callable[..., nn.Module]) -> None:
-    """``critic.share_prompt_prefix``: 8 rows, 2 prompts x 4 responses, values and the updated head match."""
+    """``critic.share_prompt_prefix``: 8 rows, 2 prompts x 4 responses, values and the updated head match, with the
+    packed row's attention dense or per prompt group (``critic.share_prompt_attention``)."""
     data = make_ppo_batch(seed=3)
     b = data.batch
     p = b["prompts"].shape[-1]
@@ -94,7 +96,9 @@ def test_shared_prompt_values_and_update_equal_the_padded_ones(fsdp_model: Calla
     first = pack_shared_prompts(b["input_ids"][:4], b["attention_mask"][:4], b["position_ids"][:4], response_length=R)
     assert first is not None and first.input_ids.shape[-1] < int(b["attention_mask"][:4].sum())  # the prompt once
     results = []
-    for share in (False, True):
+    per_prompt = CriticConfig(share_prompt_prefix=True, share_prompt_attention="per_prompt")
+    before = CALLS["per_prompt"]
+    for config in (CriticConfig(), CriticConfig(share_prompt_prefix=True), per_prompt):
         model = fsdp_model(kind="value")
         optim = OptimConfig(lr=1e-3, eps=1e-4)
         opt = build_optimizer(model, optim)
@@ -102,14 +106,17 @@ def test_shared_prompt_values_and_update_equal_the_padded_ones(fsdp_model: Calla
             model,
             opt,
             build_lr_scheduler(opt, optim, total_steps=10),
-            config=CriticConfig(share_prompt_prefix=share),
+            config=config,
             algorithm=AlgorithmConfig(adv_estimator="gae"),
-            plan=make_plan(mini_per_rank=8, micro_per_rank=4, num_mini_batches=1, log_prob_micro=4),
+            # micro-batches of 8: both prompt groups in one, so per_prompt attends two groups one by one
+            plan=make_plan(mini_per_rank=8, micro_per_rank=8, num_mini_batches=1, log_prob_micro=8),
         )
         values = critic.compute_values(data)
         metrics = critic.update_critic(data)
         results.append((values, metrics, model.score.weight.full_tensor().detach()))
-    (v0, m0, w0), (v1, m1, w1) = results
-    torch.testing.assert_close(v1, v0, atol=1e-5, rtol=0)
-    assert m1["critic/vf_loss"] == pytest.approx(m0["critic/vf_loss"], rel=1e-5)
-    torch.testing.assert_close(w1, w0, rtol=1e-4, atol=1e-6)
+    assert CALLS["per_prompt"] > before
+    v0, m0, w0 = results[0]
+    for v1, m1, w1 in results[1:]:
+        torch.testing.assert_close(v1, v0, atol=1e-5, rtol=0)
+        assert m1["critic/vf_loss"] == pytest.approx(m0["critic/vf_loss"], rel=1e-5)
+        torch.testing.assert_close(w1, w0, rtol=1e-4, atol=1e-6)
