@@ -299,7 +299,7 @@ def host_kind() -> str:
 AUTO_VARIANTS = {
     "amx": ["1x2-plain", "1x2-bf16-plain", "1x2-bf16-full-mb16"],
     "avx512_bf16": ["1x2-plain", "1x2-bf16-plain", "1x2-bf16-full"],
-    "fp32": ["1x2-plain"],
+    "fp32": ["1x2-plain", "1x2-plain-pp32"],
 }
 
 
@@ -413,7 +413,7 @@ def main() -> None:
         default="auto",
         help="comma-separated, of " + ", ".join(RANK_VARIANTS) + " (ranks x threads; the fastest is reported); auto: "
         "per host kind (AMX: 1x2-plain, 1x2-bf16-plain, 1x2-bf16-full-mb16; AVX512-BF16: 1x2-plain, 1x2-bf16-plain, "
-        "1x2-bf16-full; bf16 emulated: 1x2-plain)",
+        "1x2-bf16-full; bf16 emulated: 1x2-plain, 1x2-plain-pp32)",
     )
     parser.add_argument("--platform-override", action="append", default=[], help="extra key=value (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="write all results as JSON here")

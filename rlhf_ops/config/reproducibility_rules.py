@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlhf_ops.config.errors import ConfigProblem
+from rlhf_ops.config.errors import ConfigProblem, shown_value
 from rlhf_ops.config.schema import RunConfig
 
 DUMP_FORMAT = 1
@@ -50,7 +50,7 @@ def _replay_problems(run: RunConfig) -> list[ConfigProblem]:
         manifest = read_dump_manifest(fs, root)
     except (OSError, ValueError) as exc:
         fix = "set the rollouts/ folder a trainer.dump_rollouts=true run wrote (<run folder>/rollouts)"
-        return [ConfigProblem(key, f"{url} {str(exc) or type(exc).__name__}", fix)]
+        return [ConfigProblem(key, f"{shown_value(url)} {str(exc) or type(exc).__name__}", fix)]
     problems = []
     dumped_model = manifest["model"]["path"]
     if dumped_model != run.model.path:
