@@ -17,8 +17,8 @@ step (``MiniBatchUpdate``, the worker's loop), for each variant in the same run,
   a lever measured, not a platform path;
 - ``grouped-attn`` (``--variants keep-casts,grouped-attn``): ``keep-casts`` with the shared-prompt row attended
   per prompt group instead of densely over the whole micro-batch (:func:`grouped_attention`); with ``--micro 16``
-  or ``32`` it says whether larger micro-batches pay once attention stops growing with their square. A lever
-  measured, not a platform path;
+  or ``32`` it says whether larger micro-batches pay once attention stops growing with their square. The
+  platform's path ``actor.share_prompt_attention=per_prompt``;
 - ``compiled`` (``--variants keep-casts,compiled``): ``keep-casts`` with the elementwise work of every block fused by
   ``torch.compile`` (Inductor's C++ backend): RMSNorm as one kernel, the MLP's ``silu(gate) * up`` as one; the
   matmuls stay oneDNN's. A lever measured, not a platform path.
@@ -207,59 +207,16 @@ def embedding_grad_in_place(model: Any) -> Any:
 
 
 def grouped_attention(model: Any) -> Any:
-    """Patches sdpa so a shared-prompt packed row is attended group by group: each prompt with its own responses.
+    """Switches the model to the platform's attention per prompt group (``actor.share_prompt_attention=per_prompt``,
+    :mod:`workers.utils.prompt_group_attention`): each prompt group of the shared-prompt row attended on its own
+    tokens instead of densely over the whole micro-batch. Returns an undo callable that switches back to sdpa."""
+    from workers.utils.prompt_group_attention import enable_per_prompt_attention
 
-    The packed row's mask is block-diagonal over prompt groups once its tokens are grouped (a token sees only its
-    own prompt and response), so the dense N x N attention over the whole micro-batch computes, and
-    differentiates, the groups' zeros. Here each group's query / key / value rows are gathered, run through the same
-    sdpa with the group's own mask, and put back in place: the same result (to float rounding) for sum of n_g^2
-    instead of N^2 attention. A token's group is the first column its mask row sees (its prompt's first token).
-    Returns an undo callable (its ``calls["grouped"]`` counts the calls that went per group). Other masks (padded
-    batches, no mask) go to sdpa unchanged. A lever measured, not a platform path.
-    """
-    import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    cached: list[Any] = []  # [mask, groups]: one micro-batch's mask serves all of its layers
-    calls = {"grouped": 0}  # attention calls that went per group (read by the tests)
-
-    def groups_of(mask: Any) -> Any:
-        if cached and cached[0] is mask:
-            return cached[1]
-        square = mask[0, 0]
-        visible = square if square.dtype == torch.bool else square == 0  # bool (sdpa) or additive (0 = visible)
-        first = visible.to(torch.uint8).argmax(-1)  # the first visible column of each row
-        order = torch.argsort(first, stable=True)
-        starts = first[order]
-        bounds = [0, *((starts[1:] != starts[:-1]).nonzero().flatten() + 1).tolist(), len(order)]
-        groups = []
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            idx = order[lo:hi]
-            groups.append((idx, square[idx][:, idx][None, None]))
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order))
-        cached[:] = [mask, (groups, inverse)]
-        return cached[1]
-
-    def grouped(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-        if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[:2] != (1, 1):
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        groups, inverse = groups_of(attention_mask)
-        calls["grouped"] += 1
-        outs = [
-            sdpa_attention_forward(module, query[:, :, idx], key[:, :, idx], value[:, :, idx], sub, **kwargs)[0]
-            for idx, sub in groups
-        ]  # each (1, n_g, heads, head_dim)
-        return torch.cat(outs, dim=1)[:, inverse], None
-
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped
+    enable_per_prompt_attention(model)
 
     def undo() -> None:
-        del ALL_ATTENTION_FUNCTIONS["sdpa"]
-        cached.clear()
+        model.config._attn_implementation = "sdpa"
 
-    undo.calls = calls  # type: ignore[attr-defined]
     return undo
 
 
