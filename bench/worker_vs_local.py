@@ -35,8 +35,8 @@ ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "ONEDNN_", "DNNL_", "LRU_", "MA
 class Probe:
     """The timed work; the same object runs in the driver and, wrapped by ``ray.remote``, in a Ray actor."""
 
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
+    def __init__(self, threads: int, micro: int = 8, per_prompt: bool = False) -> None:
+        self.threads, self.micro, self.per_prompt = threads, micro, per_prompt
         self.model: Any = None
 
     def setup(self) -> dict[str, Any]:
@@ -118,6 +118,10 @@ class Probe:
             device="cpu",
             precision=resolve_precision(self.dtype, fsdp, trained=True, device="cpu"),
         )
+        if self.per_prompt:  # actor.share_prompt_attention=per_prompt
+            from workers.utils.prompt_group_attention import enable_per_prompt_attention
+
+            enable_per_prompt_attention(self.model)
         self.optimizer = build_optimizer(self.model, OptimConfig(lr=1e-7))
         torch.manual_seed(0)
 
@@ -152,7 +156,7 @@ class Probe:
         out = []
         for _ in range(reps):
             before, threads0 = _usage(), _thread_cpu()
-            times = _update_once(self.model, self.optimizer, self.batch, micro=8, keep=keep)
+            times = _update_once(self.model, self.optimizer, self.batch, micro=self.micro, keep=keep)
             after, threads1 = _usage(), _thread_cpu()
             times |= {k: after[k] - before[k] for k in after}
             busy = sorted(
@@ -198,6 +202,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="timed mini-batches per side per round")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (actor, driver, actor, ...)")
     parser.add_argument("--vllm", action="store_true", help="then build a vLLM engine on both sides and time again")
+    parser.add_argument("--micro", type=int, default=8, help="rows per micro-batch of the 32-row mini-batch")
+    parser.add_argument(
+        "--per-prompt", action="store_true", help="attention per prompt group (actor.share_prompt_attention)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"})
@@ -223,9 +231,9 @@ def main() -> None:
         },
     )
     remote = ray.remote(Probe).options(num_cpus=args.threads, max_restarts=0)
-    actor = remote.remote(args.threads)
-    local = Probe(args.threads)
-    result: dict[str, Any] = {"threads": args.threads}
+    actor = remote.remote(args.threads, args.micro, args.per_prompt)
+    local = Probe(args.threads, args.micro, args.per_prompt)
+    result: dict[str, Any] = {"threads": args.threads, "micro": args.micro, "per_prompt": args.per_prompt}
     result["diag"] = {"actor": ray.get(actor.setup.remote()), "driver": local.setup()}
     ray.get(actor.build.remote())
     local.build()
