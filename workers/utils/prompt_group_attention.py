@@ -20,6 +20,7 @@ computes. Selected by ``actor.share_prompt_attention=per_prompt`` (the actor and
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ PER_PROMPT_ATTENTION = "sdpa_per_prompt"
 """The attention implementation's name as registered with transformers."""
 
 _Groups = tuple[list[tuple[Tensor, Tensor]], Tensor]
-_CACHE: list[Any] = []  # [mask, groups or None]: one micro-batch's mask serves every layer
+_CACHE: list[Any] = []  # [weakref to the mask, groups or None]: one micro-batch's mask serves every layer
 CALLS = {"per_prompt": 0, "dense": 0}
 """Attention calls that went per group / to sdpa unchanged (read by the tests and the bench)."""
 
@@ -40,10 +41,10 @@ def prompt_groups(mask: Tensor) -> _Groups | None:
     """The prompt groups of a (1, 1, N, N) boolean mask: ``([(token indices, (1, 1, n_g, n_g) mask) ...],
     inverse)`` where concatenating the groups' outputs and indexing with ``inverse`` restores token order; None when
     the mask is not block-diagonal over its groups or holds a single group (dense attention costs the same)."""
-    if _CACHE and _CACHE[0] is mask:
+    if _CACHE and _CACHE[0]() is mask:
         return _CACHE[1]
     groups = _find_groups(mask)
-    _CACHE[:] = [mask, groups]
+    _CACHE[:] = [weakref.ref(mask), groups]  # not the mask itself: it is freed with its micro-batch
     return groups
 
 

@@ -22,6 +22,21 @@ def embedding_grad_in_place(model: torch.nn.Module) -> Any:
     return module.embedding_grad_in_place(model)
 
 
+def _tiny_llama(**extra: Any) -> LlamaForCausalLM:
+    """A 2-block Llama of vocabulary 300, pad id 0, with ``extra`` config keys."""
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        **extra,
+    )
+    return LlamaForCausalLM(config)
+
+
 def _grads(model: torch.nn.Module, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     for ids in batches:  # micro-batches accumulating into .grad, as the update does
@@ -31,17 +46,8 @@ def _grads(model: torch.nn.Module, batches: list[torch.Tensor]) -> dict[str, tor
 
 def test_embedding_rows_added_in_place_give_autograds_gradient_and_undo_restores_it() -> None:
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,  # the LM head's gradient reaches the same .grad through autograd
-        pad_token_id=0,  # the embedding's padding row gets no gradient from it
-    )
-    model = LlamaForCausalLM(config)
+    # tied: the LM head's gradient reaches the same .grad through autograd; the padding row gets none from it
+    model = _tiny_llama(tie_word_embeddings=True)
     batches = [torch.randint(0, 300, (3, 20)) for _ in range(3)]  # repeated ids within and across micro-batches
     for ids in batches:
         ids[:, :2] = 0  # padding ids in every micro-batch
@@ -88,17 +94,7 @@ def test_attention_per_prompt_group_gives_the_dense_masks_log_probs_and_gradient
     from workers.actor.forward import response_log_probs
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-        attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(config)
+    model = _tiny_llama(attn_implementation="sdpa")
     batch = _shared_prompt_batch(prompts=3, n=4, max_new=6)
     response_mask = batch["attention_mask"][:, -6:].float()
 
